@@ -1,0 +1,136 @@
+"""The cache as torch tensors (DESIGN.md §2 "Storage"): allocation, writing (with fp8
+quantization) and reading back (dequantized). Packed caches are handled as raw record
+bytes, so one code path serves every dtype mix."""
+from __future__ import annotations
+
+import torch
+
+from .ir import SCALE_BYTES, Segment, Spec
+
+PACKED_NAME = "cache"
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    return getattr(torch, dtype.torch_name)
+
+
+def scale_name(segment: Segment) -> str:
+    return f"{segment.name}_scale"
+
+
+def tensor_layouts(spec: Spec, num_pages: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name → (shape, dtype) of every cache tensor the spec stores."""
+    P = spec.page_size
+    if not spec.separate:
+        dtype = spec.packed_dtype
+        if dtype is None:
+            return {PACKED_NAME: ((num_pages, P, spec.record_bytes), torch.uint8)}
+        return {PACKED_NAME: ((num_pages, P, spec.record_bytes // dtype.bytes), torch_dtype(dtype))}
+    layouts = {}
+    for seg in spec.segments:
+        heads = () if seg.shared else (seg.copies,)
+        layouts[seg.name] = ((num_pages, P, *heads, seg.dim), torch_dtype(seg.dtype))
+        if seg.scale_group:
+            layouts[scale_name(seg)] = ((num_pages, P, *heads, seg.scales_per_copy), torch.float32)
+    return layouts
+
+
+def new_cache(spec: Spec, num_pages: int, device="cuda"):
+    """Zero-filled cache: one tensor (packed) or a dict of tensors (separate)."""
+    if num_pages < 1:
+        raise ValueError(f"num_pages must be at least 1, got {num_pages}")
+    tensors = {name: torch.zeros(shape, dtype=dtype, device=device)
+               for name, (shape, dtype) in tensor_layouts(spec, num_pages).items()}
+    return tensors if spec.separate else tensors[PACKED_NAME]
+
+
+def cache_tensors(cache) -> dict[str, torch.Tensor]:
+    return cache if isinstance(cache, dict) else {PACKED_NAME: cache}
+
+
+def num_pages(cache) -> int:
+    return next(iter(cache_tensors(cache).values())).shape[0]
+
+
+def _record_bytes(spec: Spec, cache: torch.Tensor) -> torch.Tensor:
+    """Packed cache as a [slots, record_bytes] uint8 view sharing its storage."""
+    return cache.view(torch.uint8).view(-1, spec.record_bytes)
+
+
+def quantize(values: torch.Tensor, segment: Segment) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 values and their fp32 scales, one per `scale_group` values: scale = amax / max_finite."""
+    groups = values.float().unflatten(-1, (segment.scales_per_copy, segment.scale_group))
+    amax = groups.abs().amax(-1, keepdim=True)
+    top = segment.dtype.max_finite
+    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    quantized = (groups / scale).clamp(-top, top).to(torch_dtype(segment.dtype))
+    return quantized.flatten(-2), scale.squeeze(-1)
+
+
+def _encode(segment: Segment, values: torch.Tensor):
+    """Values [n, copies, dim] → (stored values, scales or None) in the segment's dtype."""
+    if segment.scale_group:
+        return quantize(values, segment)
+    return values.to(torch_dtype(segment.dtype)), None
+
+
+def write(spec: Spec, cache, slots: torch.Tensor, values: dict[str, torch.Tensor]) -> None:
+    """Store every segment's values [n, copies, dim] at the given token slots."""
+    slots = slots.long()
+    for seg in spec.segments:
+        stored, scales = _encode(seg, values[seg.name])
+        if spec.separate:
+            tensors = cache_tensors(cache)
+            # a shared segment's tensor has no head axis: drop the single copy
+            _flat_slots(tensors[seg.name])[slots] = stored.squeeze(1) if seg.shared else stored
+            if scales is not None:
+                target = _flat_slots(tensors[scale_name(seg)])
+                target[slots] = scales.squeeze(1) if seg.shared else scales
+            continue
+        record = [stored.contiguous().view(torch.uint8)]
+        if scales is not None:
+            record.append(scales.contiguous().view(torch.uint8))
+        copy_bytes = torch.cat(record, dim=-1)  # [n, copies, values + scales]
+        assert copy_bytes.shape[-1] == seg.copy_bytes
+        _record_bytes(spec, cache)[slots, seg.offset: seg.offset + seg.bytes] = copy_bytes.flatten(1)
+
+
+def _flat_slots(tensor: torch.Tensor) -> torch.Tensor:
+    """[num_pages, P, ...] → [num_pages * P, ...] view, indexed by slot."""
+    return tensor.view(-1, *tensor.shape[2:])
+
+
+def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """Every segment at the given slots, dequantized: name → [n, copies, dim]."""
+    slots = slots.long()
+    out = {}
+    for seg in spec.segments:
+        if spec.separate:
+            tensors = cache_tensors(cache)
+            values = _flat_slots(tensors[seg.name])[slots].to(dtype)
+            values = values.view(len(slots), seg.copies, seg.dim)
+            if seg.scale_group:
+                scales = _flat_slots(tensors[scale_name(seg)])[slots].to(dtype)
+                values = values * scales.view(len(slots), seg.copies, -1).repeat_interleave(
+                    seg.scale_group, dim=-1)
+            out[seg.name] = values
+            continue
+        raw = _record_bytes(spec, cache)[slots, seg.offset: seg.offset + seg.bytes]
+        raw = raw.view(len(slots), seg.copies, seg.copy_bytes)
+        values = raw[..., : seg.values_bytes].contiguous().view(torch_dtype(seg.dtype)).to(dtype)
+        if seg.scale_group:
+            scales = raw[..., seg.values_bytes:].contiguous().view(torch.float32).to(dtype)
+            assert scales.shape[-1] * SCALE_BYTES == seg.copy_bytes - seg.values_bytes
+            values = values * scales.repeat_interleave(seg.scale_group, dim=-1)
+        out[seg.name] = values
+    return out
+
+
+def assemble(spec: Spec, segments: dict[str, torch.Tensor], which) -> torch.Tensor:
+    """Key or value rows [n, heads_kv, width] from decoded segments: concatenated slices,
+    a shared segment broadcast to every kv head."""
+    parts = []
+    for piece in which:
+        values = segments[piece.segment][..., piece.lo: piece.hi]
+        parts.append(values.expand(-1, spec.heads_kv, -1))
+    return torch.cat(parts, dim=-1)

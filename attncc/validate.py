@@ -1,0 +1,134 @@
+"""Argument validation for a call of a compiled spec: every mistake is reported with the
+argument's name and what was expected, before anything runs."""
+from __future__ import annotations
+
+import torch
+
+from . import storage
+from .ir import Spec
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
+
+
+def _expect_tensor(name: str, t, shape, dtype: torch.dtype, device) -> None:
+    """shape: a tuple of ints and None (any size)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+    if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
+        raise ValueError(f"{name}: expected shape {want}, got {_describe(t)}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {str(dtype).removeprefix('torch.')}, "
+                        f"got {_describe(t)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (where q is), got {_describe(t)}")
+
+
+def cache_pages(spec: Spec, cache, device=None) -> int:
+    """Validate the cache's tensors against the spec; returns the number of pages."""
+    if spec.separate:
+        if not isinstance(cache, dict):
+            raise TypeError(f"cache: spec `{spec.name}` stores segments separately: expected "
+                            f"a dict of tensors, got {type(cache).__name__}")
+        want = storage.tensor_layouts(spec, 1)
+        if set(cache) != set(want):
+            raise ValueError(f"cache: expected tensors {sorted(want)}, got {sorted(cache)}")
+    elif not isinstance(cache, torch.Tensor):
+        raise TypeError(f"cache: spec `{spec.name}` is packed: expected one tensor, got "
+                        f"{type(cache).__name__}")
+    tensors = storage.cache_tensors(cache)
+    first = next(iter(tensors.values()))
+    pages = first.shape[0] if first.dim() else 0
+    for name, (shape, dtype) in storage.tensor_layouts(spec, pages).items():
+        label = "cache" if not spec.separate else f"cache[{name!r}]"
+        _expect_tensor(label, tensors[name], shape, dtype, device)
+        if not tensors[name].is_contiguous():
+            raise ValueError(f"{label}: expected a contiguous tensor")
+    if pages < 1:
+        raise ValueError("cache: expected at least one page")
+    return pages
+
+
+def call_arguments(spec: Spec, q, cache, block_table, seqlens, indices,
+                   check_values: bool = True) -> None:
+    """Check shapes, dtypes and devices; with check_values also the contents that would
+    make the kernel read out of bounds (this reads them back from the device)."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
+    elem = storage.torch_dtype(spec.elem)
+    _expect_tensor("q", q, (None, None, spec.heads_q, spec.d_k), elem, None)
+    batch, s_q = q.shape[:2]
+    if not 1 <= s_q <= spec.max_query_len:
+        raise ValueError(f"q: expected 1 <= s_q <= {spec.max_query_len} (the spec's "
+                         f"`query len`), got s_q = {s_q}")
+    pages = cache_pages(spec, cache, q.device)
+    slots = pages * spec.page_size
+    if spec.sparse:
+        if block_table is not None:
+            raise TypeError(f"block_table: spec `{spec.name}` is sparse (`tokens topk`); it "
+                            "reads the slots named by `indices`, pass block_table=None")
+        if indices is None:
+            raise TypeError(f"indices: spec `{spec.name}` is sparse: expected indices "
+                            f"[{batch}, {s_q}, {spec.topk}] int32")
+        _expect_tensor("indices", indices, (batch, s_q, spec.topk), torch.int32, q.device)
+        if seqlens is not None:
+            _expect_tensor("seqlens", seqlens, (batch,), torch.int32, q.device)
+        if check_values and indices.numel():
+            low, high = int(indices.min()), int(indices.max())
+            if low < -1 or high >= slots:
+                raise ValueError(f"indices: expected slots in [0, {slots}) or -1, got values "
+                                 f"in [{low}, {high}]")
+        return
+    if indices is not None:
+        raise TypeError(f"indices: spec `{spec.name}` is dense; indices are for `tokens topk` specs")
+    if block_table is None or seqlens is None:
+        missing = "block_table" if block_table is None else "seqlens"
+        raise TypeError(f"{missing}: required for dense spec `{spec.name}`")
+    _expect_tensor("block_table", block_table, (batch, None), torch.int32, q.device)
+    _expect_tensor("seqlens", seqlens, (batch,), torch.int32, q.device)
+    if not check_values or batch == 0:
+        return
+    longest, shortest = int(seqlens.max()), int(seqlens.min())
+    if shortest < 0:
+        raise ValueError(f"seqlens: expected lengths >= 0, got {shortest}")
+    capacity = block_table.shape[1] * spec.page_size
+    if longest > capacity:
+        raise ValueError(f"block_table: {block_table.shape[1]} pages of {spec.page_size} hold "
+                         f"{capacity} tokens, but seqlens has a sequence of {longest}")
+    used_pages = (seqlens.long() + spec.page_size - 1) // spec.page_size
+    used = torch.arange(block_table.shape[1], device=q.device)[None, :] < used_pages[:, None]
+    bad = used & ((block_table < 0) | (block_table >= pages))
+    if bool(bad.any()):
+        b, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table: entry [{b}, {col}] = {int(block_table[b, col])} is not "
+                         f"a page of the cache (0..{pages - 1})")
+
+
+def write_arguments(spec: Spec, cache, slots, values: dict) -> None:
+    pages = cache_pages(spec, cache)
+    device = next(iter(storage.cache_tensors(cache).values())).device
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype.is_floating_point \
+            or slots.dtype == torch.bool:
+        raise TypeError("slots: expected a 1-D integer tensor of page * P + offset")
+    if slots.device != device:
+        raise ValueError(f"slots: expected a tensor on {device} (where the cache is), got {slots.device}")
+    unknown = sorted(set(values) - {s.name for s in spec.segments})
+    if unknown:
+        raise TypeError(f"write_cache: unknown segment(s) {unknown}; spec `{spec.name}` has "
+                        f"{[s.name for s in spec.segments]}")
+    missing = [s.name for s in spec.segments if s.name not in values]
+    if missing:
+        raise TypeError(f"write_cache: missing segment(s) {missing}: every segment of a "
+                        "token's record is written together")
+    n = slots.shape[0]
+    if n and (int(slots.min()) < 0 or int(slots.max()) >= pages * spec.page_size):
+        raise ValueError(f"slots: expected values in [0, {pages * spec.page_size}), got "
+                         f"[{int(slots.min())}, {int(slots.max())}]")
+    for seg in spec.segments:
+        t = values[seg.name]
+        shape = (n, seg.dim) if seg.shared else (n, spec.heads_kv, seg.dim)
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{seg.name}: expected a floating-point tensor of shape {list(shape)}")
+        _expect_tensor(seg.name, t, shape, t.dtype, device)
