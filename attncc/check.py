@@ -1,5 +1,6 @@
-"""Syntax tree → checked IR. Every rule of DESIGN.md §2 is validated here, in source
-order, and the first violation is raised as a positioned SpecError."""
+"""Syntax tree → checked IR. Every rule of DESIGN.md §2 is validated here and the first
+violation is raised as a positioned SpecError. Statements are checked in source order;
+key/value (which need the whole record) and cross-statement rules come after them."""
 from __future__ import annotations
 
 import difflib

@@ -9,12 +9,14 @@ from .explain import GPUS
 
 
 def _check(args) -> int:
+    from pathlib import Path
+
     from .frontend import check_spec
 
     failed = 0
     for path in args.specs:
         try:
-            spec = check_spec(path if path.endswith(".attn") else path + "\n")
+            spec = check_spec(Path(path))  # arguments are files, whatever their suffix
         except SpecError as exc:
             print(exc, file=sys.stderr)
             failed += 1
@@ -27,7 +29,9 @@ def _check(args) -> int:
 def _explain(args) -> int:
     import attncc
 
-    kernel = attncc.compile(args.spec)
+    from pathlib import Path
+
+    kernel = attncc.compile(Path(args.spec))
     print(kernel.explain(batch=args.batch, seqlen=args.seqlen, s_q=args.sq, gpu=args.gpu))
     return 0
 

@@ -11,8 +11,12 @@ class Source:
     text: str
     filename: str = "<string>"
 
+    def lines(self) -> list[str]:
+        """Lines as the parser counts them: split at \n only (a CRLF's \r dropped)."""
+        return [line.removesuffix("\r") for line in self.text.split("\n")]
+
     def line(self, number: int) -> str:
-        lines = self.text.splitlines()
+        lines = self.lines()
         return lines[number - 1] if 1 <= number <= len(lines) else ""
 
 
@@ -51,7 +55,9 @@ class SpecError(Exception):
             width = 1
             if self.span.end_line == self.span.line:
                 width = max(1, self.span.end_column - self.span.column)
-            text += f"\n    {line}\n    {' ' * (self.span.column - 1)}{'^' * width}"
+            # keep tabs so the caret lines up under the same column as the text
+            pad = "".join(c if c == "\t" else " " for c in line[: self.span.column - 1])
+            text += f"\n    {line}\n    {pad}{'^' * width}"
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text

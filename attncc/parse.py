@@ -15,6 +15,9 @@ from .resources import GRAMMAR_DIR
 # How terminals read in "expected ..." messages.
 _TERMINAL_TEXT = {"NAME": "a name", "INT": "an integer", "NUMBER": "a number",
                   "$END": "end of file"}
+MAX_INT = 2**31 - 1  # every count in a spec becomes a C int in the kernel
+# Words that may follow a segment's `dtype[dim]`: a typo of one reads as a new segment's name.
+SEGMENT_SUFFIXES = ("shared", "scale")
 KEYWORDS = (
     "attention", "schedule", "heads", "cache", "paged", "separate", "shared", "scale",
     "per", "key", "value", "query", "len", "causal", "tokens", "topk", "target",
@@ -41,12 +44,19 @@ def _parser() -> lark.Lark:
 class _ToSyntax(Transformer):
     """Lark tree → syntax dataclasses (token converters first, then one method a rule)."""
 
+    def __init__(self, source: Source):
+        super().__init__()
+        self.source = source
+
     @v_args(inline=False, meta=False)
     def NAME(self, token):
         return st.Name(str(token), _token_span(token))
 
     @v_args(inline=False, meta=False)
     def INT(self, token):
+        if len(token) > len(str(MAX_INT)) or int(token) > MAX_INT:
+            raise SpecError(f"number too large (at most {MAX_INT})", self.source,
+                            _token_span(token))
         return st.Int(int(token), _token_span(token))
 
     def start(self, meta, children):
@@ -142,20 +152,33 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, source: Source) -> SpecE
         char = source.line(line)[column - 1: column] or "?"
         return SpecError(f"unexpected character `{char}`", source,
                          Span(line, column, line, column + 1))
-    if isinstance(exc, lark.exceptions.UnexpectedEOF):
-        lines = source.text.splitlines() or [""]
+    token = getattr(exc, "token", None)
+    if isinstance(exc, lark.exceptions.UnexpectedEOF) or token.type == "$END":
+        # point just past the last character written, not at trailing blank lines
+        lines = Source(source.text.rstrip()).lines()
         end = Span(len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2)
         return SpecError(f"unexpected end of file; expected {_describe_expected(exc.expected)}",
                          source, end)
-    token = exc.token
-    if token.type == "$END":
-        lines = source.text.splitlines() or [""]
-        span = Span(len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2)
-        return SpecError(f"unexpected end of file; expected {_describe_expected(exc.expected)}",
-                         source, span)
+    misspelled = _misspelled_suffix(exc)
+    if misspelled is not None:
+        return SpecError(f"unexpected `{misspelled}` after a segment's type", source,
+                         _token_span(misspelled), _keyword_hint(str(misspelled)))
     hint = _keyword_hint(str(token)) if token.type == "NAME" else None
     return SpecError(f"unexpected `{token}`; expected {_describe_expected(exc.expected)}",
                      source, _token_span(token), hint)
+
+
+def _misspelled_suffix(exc: lark.exceptions.UnexpectedToken):
+    """`k: bf16[8] sharde` parses `sharde` as the next segment's name and fails one token
+    later, expecting `:`; report the misspelled word itself when it is close to one."""
+    if set(exc.expected) != {"COLON"} or exc.interactive_parser is None:
+        return None
+    stack = exc.interactive_parser.parser_state.value_stack
+    last = stack[-1] if stack else None
+    if isinstance(last, lark.Token) and last.type == "NAME" and difflib.get_close_matches(
+            str(last), SEGMENT_SUFFIXES, n=1, cutoff=0.6):
+        return last
+    return None
 
 
 def parse(source: Source) -> st.Module:
@@ -165,6 +188,6 @@ def parse(source: Source) -> st.Module:
     except lark.exceptions.UnexpectedInput as exc:
         raise _syntax_error(exc, source) from None
     try:
-        return _ToSyntax().transform(tree)
+        return _ToSyntax(source).transform(tree)
     except lark.exceptions.VisitError as exc:  # only our own converters run here
         raise exc.orig_exc from None
