@@ -111,7 +111,7 @@ def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32) -> dict[st
             values = values.view(len(slots), seg.copies, seg.dim)
             if seg.scale_group:
                 scales = _flat_slots(tensors[scale_name(seg)])[slots].to(dtype)
-                values = values * scales.view(len(slots), seg.copies, -1).repeat_interleave(
+                values = values * scales.view(len(slots), seg.copies, seg.scales_per_copy).repeat_interleave(
                     seg.scale_group, dim=-1)
             out[seg.name] = values
             continue
@@ -119,7 +119,9 @@ def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32) -> dict[st
         raw = raw.view(len(slots), seg.copies, seg.copy_bytes)
         values = raw[..., : seg.values_bytes].contiguous().view(torch_dtype(seg.dtype)).to(dtype)
         if seg.scale_group:
-            scales = raw[..., seg.values_bytes:].contiguous().view(torch.float32).to(dtype)
+            # a copy, not .contiguous(): the slice may be contiguous at an offset fp32 can't view
+            scales = raw[..., seg.values_bytes:].clone(memory_format=torch.contiguous_format)
+            scales = scales.view(torch.float32).to(dtype)
             assert scales.shape[-1] * SCALE_BYTES == seg.copy_bytes - seg.values_bytes
             values = values * scales.repeat_interleave(seg.scale_group, dim=-1)
         out[seg.name] = values

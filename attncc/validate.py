@@ -39,6 +39,10 @@ def cache_pages(spec: Spec, cache, device=None) -> int:
         raise TypeError(f"cache: spec `{spec.name}` is packed: expected one tensor, got "
                         f"{type(cache).__name__}")
     tensors = storage.cache_tensors(cache)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            label = "cache" if not spec.separate else f"cache[{name!r}]"
+            raise TypeError(f"{label}: expected a torch.Tensor, got {type(t).__name__}")
     first = next(iter(tensors.values()))
     pages = first.shape[0] if first.dim() else 0
     for name, (shape, dtype) in storage.tensor_layouts(spec, pages).items():
