@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from . import reference, storage, validate
+from .errors import SpecError
 from .explain import explain
 from .ir import Spec
+from .lower import Plan, UnsupportedSpec, lower
 
 
 def _capturing_or_compiling() -> bool:
@@ -18,6 +20,37 @@ def _capturing_or_compiling() -> bool:
 class Kernel:
     def __init__(self, spec: Spec):
         self.spec = spec
+        self._op = None
+        self._plan, self._plan_error = None, None
+        try:
+            self._plan = lower(spec)
+        except SpecError as exc:
+            if spec.schedule.spans and not isinstance(exc, UnsupportedSpec):
+                raise  # the user wrote this schedule and it cannot run: tell them now
+            # a valid spec the CUDA path cannot take (yet): CPU calls still run the
+            # reference; CUDA calls, k.plan and k.op raise this error
+            self._plan_error = exc
+
+    @property
+    def plan(self) -> Plan:
+        """The lowered kernel plan; also callable: k.plan(seqlens) -> DecodeMetadata."""
+        if self._plan_error is not None:
+            raise self._plan_error
+        return self._plan
+
+    @property
+    def op(self):
+        """torch.ops.attncc.<name>_<hash>(q, cache_list, block_table, seqlens, indices,
+        scale, num_splits) -> (out, lse); registered on first use."""
+        if self._op is None:
+            from .ops import op_for
+
+            self._op = op_for(self.spec, self.plan)
+        return self._op
+
+    def build(self):
+        """Build (or load from the JIT cache) the CUDA library now; returns its path."""
+        return self.op.library().path
 
     @property
     def name(self) -> str:
@@ -27,7 +60,9 @@ class Kernel:
         return f"<attncc.Kernel {self.name} ({self.spec.digest[:12]})>"
 
     def explain(self, batch: int = 1, seqlen: int = 4096, s_q: int = 1, gpu: str = "h200") -> str:
-        return explain(self.spec, batch, seqlen, s_q, gpu)
+        lines = (self._plan.explain_lines() if self._plan is not None
+                 else (f"plan: none on this kernel path: {self._plan_error.message}",))
+        return explain(self.spec, batch, seqlen, s_q, gpu, lines)
 
     # --- cache -----------------------------------------------------------------------------
     def new_cache(self, num_pages: int, device="cuda"):
@@ -43,10 +78,17 @@ class Kernel:
         storage.write(self.spec, cache, slots, values)
 
     # --- call ------------------------------------------------------------------------------
-    def __call__(self, q, cache, block_table=None, seqlens=None, *, indices=None, scale=None):
+    def __call__(self, q, cache, block_table=None, seqlens=None, *, indices=None, scale=None,
+                 metadata=None):
+        """out [b, s_q, h_q, d_v], lse [b, h_q, s_q]. `metadata` from k.plan(seqlens)
+        fixes the split count for a decode step; without it the count comes from shapes."""
         validate.call_arguments(self.spec, q, cache, block_table, seqlens, indices,
                                 check_values=not _capturing_or_compiling())
-        if q.device.type == "cpu":
+        from .ops import cache_list
+
+        if q.device.type == "cpu" and self._plan is None:
             out, lse = reference.attention(self.spec, q, cache, block_table, seqlens, indices, scale)
             return out.to(q.dtype), lse.float()
-        raise NotImplementedError("CUDA kernels are not built yet")
+        scale = self.spec.softmax_scale if scale is None else float(scale)
+        splits = metadata.num_splits if metadata is not None else 0
+        return self.op(q, cache_list(self.spec, cache), block_table, seqlens, indices, scale, splits)

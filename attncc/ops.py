@@ -1,0 +1,144 @@
+"""Built kernels as torch ops: `torch.ops.attncc.<name>_<hash>` with a fake (meta)
+implementation, the reference on CPU and the built library on CUDA. The torch side of
+a launch lives here; the library only sees pointers, sizes and a stream (abi.h)."""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import reference, storage
+from .build import build
+from .ir import Spec
+from .lower import Plan, num_splits
+
+MAX_TENSORS = 8
+
+
+class AttnccArgs(ctypes.Structure):
+    """Mirror of templates/include/attncc/abi.h."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+        ("tensors", ctypes.c_void_p * MAX_TENSORS),
+        ("block_table", ctypes.c_void_p), ("block_table_stride", ctypes.c_int),
+        ("seqlens", ctypes.c_void_p), ("indices", ctypes.c_void_p),
+        ("partial_out", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p),
+        ("batch", ctypes.c_int), ("s_q", ctypes.c_int), ("num_splits", ctypes.c_int),
+        ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
+    ]
+
+
+class Library:
+    """A loaded kernel library (C ABI): attncc_launch(const AttnccArgs*) -> cudaError_t."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.dll = ctypes.CDLL(str(path))
+        self.dll.attncc_launch.argtypes = [ctypes.POINTER(AttnccArgs)]
+        self.dll.attncc_launch.restype = ctypes.c_int
+
+    def launch(self, args: AttnccArgs) -> None:
+        status = self.dll.attncc_launch(ctypes.byref(args))
+        if status != 0:
+            raise RuntimeError(f"attncc kernel launch failed: CUDA error {status} "
+                               f"({_cuda_error_name(status)}) in {self.path}")
+
+
+def _cuda_error_name(status: int) -> str:
+    try:
+        rt = ctypes.CDLL("libcudart.so")
+        rt.cudaGetErrorString.restype = ctypes.c_char_p
+        return rt.cudaGetErrorString(status).decode()
+    except OSError:
+        return "unknown"
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
+                 scale: float, splits: int = 0):
+    q = q.contiguous()
+    batch, s_q = q.shape[:2]
+    out = torch.empty(batch, s_q, plan.heads_q, plan.d_v, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, plan.heads_q, s_q, dtype=torch.float32, device=q.device)
+    if batch == 0:
+        return out, lse
+    kv_tokens = plan.topk if plan.sparse else block_table.shape[1] * plan.page_size
+    if splits <= 0:  # 0: chosen from shapes alone (no host sync, CUDA-graph safe)
+        splits = num_splits(plan, batch, s_q, kv_tokens, _sm_count(q.device.index or 0))
+    partial_out = partial_lse = None
+    if splits > 1:
+        partial_out = torch.empty(splits, batch, s_q, plan.heads_q, plan.d_v,
+                                  dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty(splits, batch, s_q, plan.heads_q, dtype=torch.float32,
+                                  device=q.device)
+    args = AttnccArgs()
+    args.q, args.out, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
+    for i, t in enumerate(cache):
+        args.tensors[i] = t.data_ptr()
+    args.block_table = _ptr(block_table)
+    args.block_table_stride = block_table.stride(0) if block_table is not None else 0
+    args.seqlens, args.indices = _ptr(seqlens), _ptr(indices)
+    args.partial_out, args.partial_lse = _ptr(partial_out), _ptr(partial_lse)
+    args.batch, args.s_q, args.num_splits = batch, s_q, splits
+    args.softmax_scale = scale
+    args.stream = torch.cuda.current_stream(q.device).cuda_stream
+    with torch.cuda.device(q.device):
+        library.launch(args)
+    return out, lse
+
+
+_OPS: dict[str, object] = {}
+
+
+def op_for(spec: Spec, plan: Plan):
+    """The torch op of a checked spec, registered once per process."""
+    qualname = f"attncc::{spec.name}_{spec.digest[:12]}"
+    if qualname in _OPS:
+        return _OPS[qualname]
+    libraries: dict[str, Library] = {}
+
+    def library() -> Library:
+        if "lib" not in libraries:
+            libraries["lib"] = Library(build(plan))
+        return libraries["lib"]
+
+    @torch.library.custom_op(qualname, mutates_args=())
+    def attention(q: torch.Tensor, cache: list[torch.Tensor], block_table: Optional[torch.Tensor],
+                  seqlens: Optional[torch.Tensor], indices: Optional[torch.Tensor],
+                  scale: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cache_arg = dict(zip(storage.tensor_layouts(spec, 1), cache)) if spec.separate else cache[0]
+        out, lse = reference.attention(spec, q, cache_arg, block_table, seqlens, indices, scale)
+        return out.to(q.dtype), lse.float()
+
+    @attention.register_kernel("cuda")
+    def _(q, cache, block_table, seqlens, indices, scale, num_splits):
+        return cuda_forward(plan, library(), q, cache, block_table, seqlens, indices, scale,
+                            num_splits)
+
+    @attention.register_fake
+    def _(q, cache, block_table, seqlens, indices, scale, num_splits):
+        batch, s_q = q.shape[:2]
+        return (q.new_empty(batch, s_q, spec.heads_q, spec.d_v),
+                q.new_empty(batch, spec.heads_q, s_q, dtype=torch.float32))
+
+    attention.library = library  # for build-ahead (Kernel.build) and benchmarks
+    _OPS[qualname] = attention
+    return attention
+
+
+def cache_list(spec: Spec, cache) -> list[torch.Tensor]:
+    """The cache's tensors in the plan's order (a list, as torch ops take)."""
+    tensors = storage.cache_tensors(cache)
+    return [tensors[name] for name in storage.tensor_layouts(spec, 1)]

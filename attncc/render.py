@@ -1,0 +1,40 @@
+"""Kernel plan → CUDA source, through thin Jinja templates (templates/*.j2). The
+algorithm lives in templates/include/attncc/*.cuh; templates only emit constants."""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+
+import jinja2
+
+from .lower import Plan
+from .resources import TEMPLATES_DIR
+
+KERNEL_TEMPLATE = "decode.cu.j2"
+INCLUDE_DIR = TEMPLATES_DIR / "include"
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              trim_blocks=True, lstrip_blocks=True)
+
+
+def source_name(plan: Plan) -> str:
+    return f"{plan.name}.cu"
+
+
+def render(plan: Plan) -> str:
+    """The translation unit for one plan: constants + kernel instantiations + C ABI."""
+    return _environment().get_template(KERNEL_TEMPLATE).render(plan=plan.template_dict())
+
+
+def template_digest() -> str:
+    """Hash of every template and device header: part of the JIT cache key."""
+    h = hashlib.sha256()
+    for path in sorted(TEMPLATES_DIR.rglob("*")):
+        if path.is_file() and path.suffix in (".j2", ".cuh", ".h"):
+            h.update(str(path.relative_to(TEMPLATES_DIR)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
