@@ -36,6 +36,106 @@ def _explain(args) -> int:
     return 0
 
 
+def _compile(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    import attncc
+
+    from .build import compile_source, nvcc
+    from .render import write_sources
+
+    plan = attncc.compile(Path(args.spec)).plan
+    directory = Path(args.output) if args.output else Path("generated") / plan.name
+    for path in write_sources(plan, directory):
+        print(f"wrote {path}")
+    if args.no_build:
+        return 0
+    try:
+        nvcc()
+    except Exception:
+        print("nvcc not found: rendered only")
+        return 0
+    arch = args.arch or plan.target
+    with tempfile.TemporaryDirectory() as tmp:
+        _, kernels, _ = compile_source(plan, Path(tmp), arch)
+    print(f"{'kernel':<48} {'regs':>5} {'smem':>8} {'stack':>6} {'spills':>7}")
+    spilled = False
+    for k in kernels:
+        short = k.function.replace("(anonymous namespace)::", "").split("(")[0]
+        smem = k.smem_bytes + (plan.smem_bytes if "decode_kernel" in short else 0)
+        spills = k.spill_stores + k.spill_loads
+        spilled |= spills > 0
+        print(f"{short:<48} {k.registers:>5} {smem:>8} {k.stack_bytes:>6} {spills:>7}")
+    if spilled:
+        print("attncc: warning: register spills (local memory traffic on the hot path)",
+              file=sys.stderr)
+    return 0
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _test(args) -> int:
+    import random
+    import warnings
+    from pathlib import Path
+
+    import torch
+
+    import attncc
+
+    from . import testing
+
+    if not torch.cuda.is_available():
+        print("attncc test needs a CUDA GPU", file=sys.stderr)
+        return 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernel = attncc.compile(Path(args.spec))
+    spec, rng, failed = kernel.spec, random.Random(args.seed), 0
+    for trial in range(args.trials):
+        batch = rng.choice([1, 3, 8, 33])
+        s_q = rng.randint(1, spec.max_query_len)
+        P = spec.page_size
+        lengths = [rng.choice([0, 1, P, P + 1, rng.randrange(2, 3000)]) for _ in range(batch)]
+        case = testing.random_case(spec, lengths, s_q, seed=rng.randrange(1 << 30))
+        out, lse = kernel(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices)
+        result = testing.compare(spec, case, out, lse)
+        failed += not result.ok
+        print(f"{'ok  ' if result.ok else 'FAIL'} batch={batch} s_q={s_q}: {result}")
+    print(f"{args.trials - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def _bench(args) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("attncc bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from . import bench
+    from .frontend import check_spec
+
+    spec = check_spec(Path(args.spec))
+    grid = bench.default_grid(spec)
+    if any((args.batch, args.heads, args.sq, args.seqlen, args.page)):
+        grid = [bench.Config(b, s, h, L, p) for b in _ints(args.batch or "128")
+                for s in _ints(args.sq or "1") for h in _ints(args.heads or str(spec.heads_q))
+                for L in _ints(args.seqlen or "8192") for p in _ints(args.page or str(spec.page_size))]
+    results, ceilings = bench.bench(spec, grid, iters=args.iters, check=not args.no_check)
+    print(bench.format_table(results, ceilings))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ceilings": ceilings, "results": results}, indent=1))
+    if args.plot:
+        bench.plot(results, args.plot)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attncc", description="compile .attn decode-attention specs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,6 +149,27 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--sq", type=int, default=1, help="query tokens per sequence")
     explain.add_argument("--gpu", choices=sorted(GPUS), default="h200")
     explain.set_defaults(run=_explain)
+    compile_ = sub.add_parser("compile", help="render CUDA into DIR and, with nvcc, report "
+                              "registers/shared memory/spills")
+    compile_.add_argument("spec", metavar="SPEC")
+    compile_.add_argument("-o", "--output", metavar="DIR", help="default generated/<name>/")
+    compile_.add_argument("--arch", choices=["sm90a", "sm80"], help="default: the schedule's target")
+    compile_.add_argument("--no-build", action="store_true", help="render only")
+    compile_.set_defaults(run=_compile)
+    test = sub.add_parser("test", help="generated op vs reference on random inputs (needs a GPU)")
+    test.add_argument("spec", metavar="SPEC")
+    test.add_argument("--trials", type=int, default=8)
+    test.add_argument("--seed", type=int, default=0)
+    test.set_defaults(run=_test)
+    bench = sub.add_parser("bench", help="time, GB/s, TFLOP/s and %% of roofline per config")
+    bench.add_argument("spec", metavar="SPEC")
+    for axis in ("batch", "heads", "sq", "seqlen", "page"):
+        bench.add_argument(f"--{axis}", help="comma-separated values (default: FlashMLA's grid)")
+    bench.add_argument("--iters", type=int, default=20)
+    bench.add_argument("--no-check", action="store_true", help="skip the reference check")
+    bench.add_argument("--json", metavar="FILE", help="write results as JSON")
+    bench.add_argument("--plot", metavar="PNG", help="bar chart of %% of the roofline floor")
+    bench.set_defaults(run=_bench)
     return parser
 
 
@@ -62,6 +183,9 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"attncc: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # BuildError (nvcc log, source, repro), CUDA errors
+        print(f"attncc: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

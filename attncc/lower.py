@@ -355,7 +355,7 @@ def lower(spec: Spec) -> Plan:
     not_applied = tuple(k for k in HOPPER_ONLY_KNOBS if getattr(sched, k))
     for knob in not_applied:
         warnings.warn(f"{spec.source.filename}: `{knob}` is not yet applied: attncc runs "
-                      f"`{spec.name}` on the portable mma.sync path", stacklevel=2)
+                      f"`{spec.name}` on the portable mma.sync path", stacklevel=4)
     return Plan(
         name=spec.name, elem=spec.elem.name, heads_q=spec.heads_q, heads_kv=spec.heads_kv,
         group=spec.group, max_sq=spec.max_query_len, causal=spec.causal, sparse=spec.sparse,

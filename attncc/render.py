@@ -3,6 +3,7 @@ algorithm lives in templates/include/attncc/*.cuh; templates only emit constants
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import lru_cache
 
 import jinja2
@@ -17,8 +18,7 @@ INCLUDE_DIR = TEMPLATES_DIR / "include"
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                              trim_blocks=True, lstrip_blocks=True)
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
 def source_name(plan: Plan) -> str:
@@ -38,3 +38,21 @@ def template_digest() -> str:
             h.update(str(path.relative_to(TEMPLATES_DIR)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def write_sources(plan: Plan, directory) -> list:
+    """The rendered translation unit and the plan it came from, as a reader sees them
+    in generated/<name>/. Files are rewritten only when their text changes."""
+    from pathlib import Path
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {source_name(plan): render(plan),
+             "plan.json": json.dumps(plan.template_dict(), indent=2, sort_keys=True) + "\n"}
+    written = []
+    for name, text in files.items():
+        path = directory / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        written.append(path)
+    return written

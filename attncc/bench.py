@@ -1,0 +1,205 @@
+"""`attncc bench`: time generated ops on the GPU against measured ceilings.
+
+Each configuration: a cache larger than L2 filled with random data, seqlens all s_k,
+pages in random order; the op is first checked against the reference on a few
+sequences of the same call, then timed as the median of CUDA events around the whole
+call (split kernel + combine) with L2 flushed before each. Ceilings are measured in
+the same run: a device-to-device copy (bytes read + written) and a bf16 GEMM 8192³."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from . import storage, testing
+from .explain import roofline
+from .ir import Spec
+from .kernel import Kernel
+from .ops import cache_list
+
+L2_FLUSH_BYTES = 256 << 20
+FILL_CHUNK_TOKENS = 1 << 16
+CHECKED_SEQUENCES = 3
+
+
+@dataclass(frozen=True)
+class Config:
+    batch: int
+    s_q: int
+    heads_q: int
+    seqlen: int
+    page_size: int
+
+    def label(self) -> str:
+        return (f"b={self.batch} s_q={self.s_q} h_q={self.heads_q} s_k={self.seqlen} "
+                f"page={self.page_size}")
+
+
+def default_grid(spec: Spec) -> list[Config]:
+    """FlashMLA's table (PEERS.md): b=128, h_q {16,32,64,128}, s_q {1,2}, s_k {4096,
+    8192,32768}, page 64; plus pages 1 and 16 at two representative points."""
+    heads = [h for h in (16, 32, 64, 128) if h % spec.heads_kv == 0] or [spec.heads_q]
+    sqs = [s for s in (1, 2) if s <= spec.max_query_len]
+    grid = [Config(128, s, h, L, 64) for h in heads for s in sqs for L in (4096, 8192, 32768)]
+    for page in (1, 16):
+        grid.append(Config(128, sqs[-1], heads[-1], 8192, page))
+        grid.append(Config(128, 1, heads[0], 32768, page))
+    return grid
+
+
+def variant(spec: Spec, heads_q: int, page_size: int) -> Spec:
+    """The spec with another head count and page size (a benchmark axis)."""
+    if (heads_q, page_size) == (spec.heads_q, spec.page_size):
+        return spec
+    return dataclasses.replace(spec, name=f"{spec.name}_h{heads_q}_p{page_size}",
+                               heads_q=heads_q, page_size=page_size)
+
+
+def measure_ceilings(device="cuda") -> dict:
+    copy_bytes = 2 << 30
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    copy_s = _median_seconds(lambda: dst.copy_(src), flush=None, iters=10)
+    del src, dst
+    n = 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    gemm_s = _median_seconds(lambda: a @ b, flush=None, iters=10)
+    return {"copy_GBps": 2 * copy_bytes / copy_s / 1e9, "gemm_TFLOPs": 2 * n ** 3 / gemm_s / 1e12}
+
+
+def _median_seconds(fn, flush, iters: int) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(iters):
+        if flush is not None:
+            flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _fill(spec: Spec, cache, tokens: int, device, gen) -> None:
+    for lo in range(0, tokens, FILL_CHUNK_TOKENS):
+        slots = torch.arange(lo, min(tokens, lo + FILL_CHUNK_TOKENS), device=device)
+        values = {s.name: torch.randn(len(slots), 1 if s.shared else spec.heads_kv, s.dim,
+                                      device=device, generator=gen) for s in spec.segments}
+        storage.write(spec, cache, slots, values)
+
+
+def inputs(spec: Spec, cfg: Config, device="cuda", seed: int = 0) -> testing.Case:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    P = spec.page_size
+    pages_per_seq = math.ceil(cfg.seqlen / P)
+    pages = cfg.batch * pages_per_seq
+    cache = storage.new_cache(spec, pages, device)
+    _fill(spec, cache, pages * P, device, gen)
+    q = torch.randn(cfg.batch, cfg.s_q, spec.heads_q, spec.d_k, device=device, generator=gen)
+    q = q.to(storage.torch_dtype(spec.elem))
+    if spec.sparse:  # distinct slots per query: an arithmetic progression, stride coprime
+        n = pages * P
+        stride = next(s for s in range(n // spec.topk or 1, n) if math.gcd(s, n) == 1)
+        base = torch.randint(0, n, (cfg.batch, cfg.s_q, 1), device=device, generator=gen)
+        steps = torch.arange(spec.topk, device=device) * stride
+        indices = ((base + steps) % n).to(torch.int32)
+        return testing.Case(q, cache, None, None, indices)
+    order = torch.randperm(pages, device=device, generator=gen).to(torch.int32)
+    table = order.view(cfg.batch, pages_per_seq)
+    seqlens = torch.full((cfg.batch,), cfg.seqlen, dtype=torch.int32, device=device)
+    return testing.Case(q, cache, table, seqlens, None)
+
+
+def _subset(case: testing.Case, rows: list[int]) -> testing.Case:
+    pick = lambda t: None if t is None else t[rows]  # noqa: E731
+    return testing.Case(case.q[rows], case.cache, pick(case.block_table), pick(case.seqlens),
+                        pick(case.indices))
+
+
+def run_config(kernel: Kernel, cfg: Config, ceilings: dict, iters: int = 20,
+               check: bool = True) -> dict:
+    spec = kernel.spec
+    case = inputs(spec, cfg)
+    args = (case.q, cache_list(spec, case.cache), case.block_table, case.seqlens, case.indices,
+            spec.softmax_scale, 0)
+    out, lse = kernel.op(*args)
+    result = {"config": dataclasses.asdict(cfg), "spec": spec.name}
+    if check:
+        rows = sorted({0, cfg.batch // 2, cfg.batch - 1})[:CHECKED_SEQUENCES]
+        cmp = testing.compare(spec, _subset(case, rows), out[rows], lse[rows])
+        result["check"] = str(cmp)
+        if not cmp.ok:
+            raise AssertionError(f"{spec.name} {cfg.label()}: wrong result: {cmp}")
+    flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    seconds = _median_seconds(lambda: kernel.op(*args), flush=flush_buf.zero_, iters=iters)
+    roof = roofline(spec, cfg.batch, cfg.seqlen, cfg.s_q)
+    gbps, tflops = roof.bytes / seconds / 1e9, roof.flops / seconds / 1e12
+    floor = max(roof.bytes / (ceilings["copy_GBps"] * 1e9), roof.flops / (ceilings["gemm_TFLOPs"] * 1e12))
+    result.update(us=seconds * 1e6, GBps=gbps, TFLOPs=tflops, bound=roof.bound,
+                  pct_copy=100 * gbps / ceilings["copy_GBps"],
+                  pct_gemm=100 * tflops / ceilings["gemm_TFLOPs"],
+                  pct_floor=100 * floor / seconds)
+    del case, args, out, lse, flush_buf
+    torch.cuda.empty_cache()
+    return result
+
+
+def format_table(results: list[dict], ceilings: dict) -> str:
+    lines = [f"ceilings (this run): copy {ceilings['copy_GBps']:.0f} GB/s, bf16 GEMM "
+             f"{ceilings['gemm_TFLOPs']:.0f} TFLOP/s",
+             f"{'spec':<22} {'config':<44} {'us':>8} {'GB/s':>7} {'TFLOP/s':>8} "
+             f"{'%copy':>6} {'%gemm':>6} {'%floor':>7}"]
+    for r in results:
+        cfg = Config(**r["config"])
+        lines.append(f"{r['spec']:<22} {cfg.label():<44} {r['us']:8.1f} {r['GBps']:7.0f} "
+                     f"{r['TFLOPs']:8.1f} {r['pct_copy']:6.1f} {r['pct_gemm']:6.1f} {r['pct_floor']:7.1f}")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [Config(**r["config"]).label().replace(" ", "\n", 2) for r in results]
+    fig, ax = plt.subplots(figsize=(max(8, len(results) * 0.6), 4))
+    ax.bar(range(len(results)), [r["pct_floor"] for r in results])
+    ax.set_xticks(range(len(results)), labels, rotation=90, fontsize=6)
+    ax.set_ylabel("% of roofline floor")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def bench(spec: Spec, configs: list[Config], iters: int = 20, check: bool = True,
+          progress=print) -> tuple[list[dict], dict]:
+    import warnings
+
+    ceilings = measure_ceilings()
+    progress(f"ceilings: {json.dumps({k: round(v) for k, v in ceilings.items()})}")
+    kernels: dict[tuple[int, int], Kernel] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for cfg in configs:
+            key = (cfg.heads_q, cfg.page_size)
+            if key not in kernels:
+                kernels[key] = Kernel(variant(spec, *key))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=16) as pool:  # nvcc runs are subprocesses
+        list(pool.map(lambda k: k.build(), kernels.values()))
+    results = []
+    for cfg in configs:
+        r = run_config(kernels[(cfg.heads_q, cfg.page_size)], cfg, ceilings, iters, check)
+        progress(f"{r['spec']:<22} {cfg.label():<44} {r['us']:8.1f} us {r['GBps']:6.0f} GB/s "
+                 f"{r['TFLOPs']:6.1f} TFLOP/s")
+        results.append(r)
+    return results, ceilings

@@ -1,0 +1,107 @@
+"""Spec texts for tests beyond examples/: the extra grid of the CUDA path (issue 3)."""
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def mla(page=64, heads=128, sq=2, causal=True, extra=""):
+    return f"""attention mla_p{page}_h{heads} {{
+    heads q = {heads}, kv = 1
+    cache paged({page}) {{
+        latent: bf16[512]
+        rope:   bf16[64]
+    }}
+    key = latent ++ rope
+    value = latent
+    query len <= {sq}{' causal' if causal else ''}
+    scale 0.0721687836
+}}
+{extra}"""
+
+
+EXTRA = {
+    "gqa4_d64": """attention gqa4_d64 {
+    heads q = 16, kv = 4
+    cache paged(16) { k: bf16[64]  v: bf16[64] }
+    key = k
+    value = v
+    query len <= 3 causal
+}""",
+    "mqa_d256": """attention mqa_d256 {
+    heads q = 16, kv = 1
+    cache paged(32) { k: bf16[256]  v: bf16[256] }
+    key = k
+    value = v
+}""",
+    "gla4": """attention gla4 {
+    heads q = 64, kv = 4
+    cache paged(64) { latent: bf16[128]  rope: bf16[64] shared }
+    key = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}""",
+    "gta2_d256": """attention gta2_d256 {
+    heads q = 16, kv = 2
+    cache paged(16) { tied: bf16[256]  rope: bf16[128] shared }
+    key = tied[0:128] ++ rope
+    value = tied
+}""",
+    "mla_page1": mla(page=1, heads=16),
+    "mla_page5": mla(page=5, heads=32),
+    "mla_page16": mla(page=16, heads=64),
+    "mla_page64_h16": mla(page=64, heads=16, sq=1, causal=False),
+    "mla_fp8_per64": """attention mla_fp8_per64 {
+    heads q = 32, kv = 1
+    cache paged(64) {
+        latent: e4m3[512] scale fp32 per 64
+        rope:   bf16[64]
+    }
+    key = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}""",
+    "mla_fp8_dense128": """attention mla_fp8_dense128 {
+    heads q = 16, kv = 1
+    cache paged(16) {
+        latent: e4m3[512] scale fp32 per 128
+        rope:   bf16[64]
+    }
+    key = latent ++ rope
+    value = latent
+}""",
+    "sparse_bf16": """attention sparse_bf16 {
+    heads q = 32, kv = 1
+    cache paged(64) { latent: bf16[512]  rope: bf16[64] }
+    key = latent ++ rope
+    value = latent
+    tokens topk 128
+    query len <= 2
+}""",
+    "gqa8_separate": """attention gqa8_separate {
+    heads q = 32, kv = 8
+    cache paged(16) separate { k: bf16[128]  v: bf16[128] }
+    key = k
+    value = v
+    query len <= 2 causal
+}""",
+    "gla2_separate_fp16": """attention gla2_separate_fp16 {
+    heads q = 32, kv = 2
+    cache paged(7) separate { latent: fp16[256]  rope: fp16[64] shared }
+    key = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}""",
+    "fp8_separate_e5m2": """attention fp8_separate_e5m2 {
+    heads q = 16, kv = 2
+    cache paged(16) separate { c: e5m2[256] scale fp32 per 64  r: bf16[64] shared }
+    key = c ++ r
+    value = c
+}""",
+}
+
+
+def all_specs() -> dict[str, str]:
+    """Example files (as paths) and the extra grid (as text), by name."""
+    specs = {p.stem: str(p) for p in sorted(EXAMPLES.glob("*.attn"))}
+    specs.update(EXTRA)
+    return specs

@@ -1,0 +1,139 @@
+"""Generated ops against the reference on a real GPU (pytest -m gpu, on the device).
+
+Every example and the extra grid of tests/specs.py, batch {1, 3, 33}, lengths including
+0, 1, P, P+1 and long ones (split-KV), every s_q up to the spec's maximum; caches are
+NaN wherever no token was written, outputs poisoned before each run."""
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import attncc
+from attncc import testing
+from attncc.ops import cache_list
+
+from specs import all_specs
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SPECS = all_specs()
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    """Every spec compiled and its library built (in parallel: nvcc is a subprocess)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # seesaw/crossover not yet applied
+        compiled = {name: attncc.compile(text) for name, text in SPECS.items()}
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda k: k.build(), compiled.values()))
+    return compiled
+
+
+def _lengths(spec, batch, rng):
+    P = spec.page_size
+    special = [0, 1, P, P + 1, rng.randrange(2, 4 * P + 2), rng.randrange(700, 2600)]
+    return [special[i] if i < len(special) else rng.randrange(0, 3 * P + 50) for i in range(batch)]
+
+
+def _poison(spec, batch, s_q):
+    testing.poison_allocator(((batch, s_q, spec.heads_q, spec.d_v), torch.bfloat16),
+                             ((batch, spec.heads_q, s_q), torch.float32))
+
+
+def _run(k, case, scale=None, metadata=None):
+    return k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices,
+             scale=scale, metadata=metadata)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 33])
+@pytest.mark.parametrize("name", list(SPECS))
+def test_matches_reference(kernels, name, batch):
+    k = kernels[name]
+    rng = random.Random(f"{name}-{batch}")
+    for s_q in range(1, k.spec.max_query_len + 1):
+        lengths = _lengths(k.spec, batch, rng)
+        case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
+        _poison(k.spec, batch, s_q)
+        out, lse = _run(k, case)
+        result = testing.compare(k.spec, case, out, lse)
+        assert result.ok, f"{name} batch={batch} s_q={s_q} lengths={lengths}: {result}"
+
+
+@pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
+@pytest.mark.parametrize("splits", [1, 2, 7])
+def test_forced_split_counts(kernels, name, splits):
+    k = kernels[name]
+    s_q = k.spec.max_query_len
+    case = testing.random_case(k.spec, [1500, 0, 77, 1], s_q, seed=splits)
+    out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                    case.indices, k.spec.softmax_scale, splits)
+    result = testing.compare(k.spec, case, out, lse)
+    assert result.ok, f"{name} splits={splits}: {result}"
+
+
+def test_scale_override_and_metadata(kernels):
+    k = kernels["mla"]
+    case = testing.random_case(k.spec, [300, 1200, 5], 2, seed=3)
+    metadata = k.plan(case.seqlens)
+    out, lse = _run(k, case, scale=0.3, metadata=metadata)
+    result = testing.compare(k.spec, case, out, lse, scale=0.3)
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("name", ["mla", "gqa8", "mla_fp8_sparse", "mla_page1"])
+def test_deterministic(kernels, name):
+    k = kernels[name]
+    case = testing.random_case(k.spec, [2000, 333, 64], k.spec.max_query_len, seed=11)
+    first = _run(k, case)
+    second = _run(k, case)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+@pytest.mark.parametrize("name", ["mla", "mla_fp8_sparse"])
+def test_cuda_graph_replay_with_new_inputs(kernels, name):
+    k = kernels[name]
+    s_q = k.spec.max_query_len
+    static = testing.random_case(k.spec, [900, 64, 17], s_q, seed=1)
+    _run(k, static)  # warm up: build, load, set the shared-memory attribute
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = _run(k, static)
+    fresh = testing.random_case(k.spec, [900, 64, 17], s_q, seed=2)
+    static.q.copy_(fresh.q)
+    for mine, theirs in zip(cache_list(k.spec, static.cache), cache_list(k.spec, fresh.cache)):
+        mine.copy_(theirs)
+    for name_ in ("block_table", "seqlens", "indices"):
+        if getattr(static, name_) is not None:
+            getattr(static, name_).copy_(getattr(fresh, name_))
+    graph.replay()
+    torch.cuda.synchronize()
+    result = testing.compare(k.spec, fresh, out, lse)
+    assert result.ok, str(result)
+
+
+def test_torch_compile_fullgraph(kernels):
+    k = kernels["gla2"]
+    case = testing.random_case(k.spec, [400, 3, 129], 2, seed=5)
+
+    @torch.compile(fullgraph=True)
+    def step(q, cache, block_table, seqlens):
+        out, lse = k(q, cache, block_table, seqlens)
+        return out * 2, lse
+
+    out, lse = step(case.q, case.cache, case.block_table, case.seqlens)
+    eager = _run(k, case)
+    assert torch.equal(out, eager[0] * 2) and torch.equal(lse, eager[1])
+
+
+def test_opcheck_on_cuda(kernels):
+    k = kernels["gqa8"]
+    case = testing.random_case(k.spec, [100, 17], 1, seed=9)
+    args = (case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens, None,
+            k.spec.softmax_scale, 0)
+    torch.library.opcheck(k.op, args)
