@@ -18,6 +18,7 @@ NUM_SMS = {"sm90a": 132, "sm80": 108}   # H200 / A100; the launch reads the real
 SMEM_LIMIT = {"sm90a": 227 * 1024, "sm80": 163 * 1024}
 MAX_ACC_REGS = 128   # fp32 output accumulators per thread (255 registers, no spills)
 MAX_SCORE_REGS = 32  # fp32 scores per thread
+WARPS = (4, 8)       # warps per CTA the decode kernel is written for
 ALIGN_ELEMS = 8                         # 16-byte ldmatrix rows / cp.async chunks of 16-bit data
 HOPPER_ONLY_KNOBS = ("seesaw", "crossover")
 
@@ -261,40 +262,41 @@ def warp_rows(d_k: int, d_v: int, tile_m: int, tile_n: int, warps: int) -> int |
 
 def kernel_shape(spec: Spec, staged: int, sources) -> dict:
     """Tile shape, pipeline depth and warps: the schedule's knobs where given, else the
-    largest legal choice. Raises at the knob when a given value cannot work."""
+    measured defaults (falling back to narrower tiles until shared memory fits). Raises
+    at the knob when a given value cannot work."""
     sched, target = spec.schedule, spec.schedule.target
     rows = spec.group * (1 if spec.sparse else spec.max_query_len)
     limit = SMEM_LIMIT[target]
     if sched.tile_q is not None:
-        if sched.tile_q % 16 or sched.tile_q > 64:
-            _fail(spec, "tile", f"`tile q = {sched.tile_q}`: this kernel path takes 16, 32, 48 or "
-                  "64 rows (a multiple of the 16-row mma tile, at most 64)")
+        if sched.tile_q not in (16, 32, 64):
+            _fail(spec, "tile", f"`tile q = {sched.tile_q}`: this kernel path takes 16, 32 or 64 "
+                  "rows (whole 16-row mma tiles over 4 or 8 warps)")
         if sched.tile_kv % 16 or sched.tile_kv > 128:
             _fail(spec, "tile", f"`tile kv = {sched.tile_kv}`: this kernel path takes a multiple "
                   "of 16 tokens, at most 128")
     if sched.stages is not None and not 2 <= sched.stages <= 8:
         _fail(spec, "stages", f"`stages {sched.stages}`: this kernel path pipelines 2 to 8 tiles")
-    tile_ms = [sched.tile_q] if sched.tile_q else [next(m for m in (16, 32, 64) if m >= min(rows, 64))]
-    tile_ns = [sched.tile_kv] if sched.tile_kv else [64, 32, 16]
-    stage_choices = [sched.stages] if sched.stages else [4, 3, 2]
+    tile_m = sched.tile_q or next(m for m in (16, 32, 64) if m >= min(rows, 64))
+    # Measured on the H200 (bench/RESULTS.md): a 16-row tile is memory-bound and streams
+    # best with 32-token tiles, 2 stages and 2 CTAs per SM; wider rows want 64 tokens.
+    tile_ns = [sched.tile_kv] if sched.tile_kv else ([32, 16] if tile_m == 16 else [64, 32, 16])
+    stage_choices = [sched.stages] if sched.stages else [2]
     reasons = []
-    for tile_m in tile_ms:
-        for tile_n in tile_ns:
-            for warps in (4, 8, 16):
-                rows_per_warp = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
-                if rows_per_warp is None:
-                    reasons.append(f"no register-legal warp layout for tile {tile_m}x{tile_n} "
-                                   f"with {warps} warps")
-                    continue
-                warps_n = warps // (tile_m // rows_per_warp)
-                for stages in stage_choices:
-                    smem = smem_bytes(spec.d_k, staged, sources, tile_m, tile_n, stages, warps_n)
-                    if smem <= limit:
-                        return dict(tile_m=tile_m, tile_n=tile_n, stages=stages, warps=warps,
-                                    warp_rows=rows_per_warp, smem_bytes=smem)
-                    reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: {smem} B of shared "
-                                   f"memory > {limit}")
-        break
+    for tile_n in tile_ns:
+        for warps in WARPS:
+            rows_per_warp = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
+            if rows_per_warp is None:
+                reasons.append(f"no register-legal warp layout for tile {tile_m}x{tile_n} "
+                               f"with {warps} warps")
+                continue
+            warps_n = warps // (tile_m // rows_per_warp)
+            for stages in stage_choices:
+                smem = smem_bytes(spec.d_k, staged, sources, tile_m, tile_n, stages, warps_n)
+                if smem <= limit:
+                    return dict(tile_m=tile_m, tile_n=tile_n, stages=stages, warps=warps,
+                                warp_rows=rows_per_warp, smem_bytes=smem)
+                reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: {smem} B of shared "
+                               f"memory > {limit}")
     knob = "tile" if sched.tile_q else ("stages" if sched.stages else "tile")
     _fail(spec, knob, "no schedule of this kernel path fits: " + "; ".join(reasons[-3:]))
 
@@ -326,6 +328,11 @@ def _check_alignment(spec: Spec, sources, key_runs, value_runs) -> None:
                     f"of {ALIGN_ELEMS} values (16 bytes); a piece of width {width} at staged "
                     f"column {col} does not", spec.source, spec.span_of(label))
     for src in sources:
+        if src.scale and (src.seg_lo % 16 or src.scale.group % 16):
+            raise UnsupportedSpec(
+                f"fp8 segment `{src.segment}`: this kernel path dequantizes 16 values at a time "
+                f"and needs scale groups (per {src.scale.group}) and slices starting at a "
+                "multiple of 16", spec.source, spec.segment(src.segment).span)
         elt = 1 if src.dtype in ("e4m3", "e5m2") else 2
         if src.offset_bytes % 16 or (src.head_stride_bytes * elt and src.head_stride_bytes % 16):
             raise UnsupportedSpec(

@@ -15,9 +15,11 @@ def dense_slots(spec: Spec, block_table: torch.Tensor, seqlen: int) -> torch.Ten
     return pages * spec.page_size + positions % spec.page_size
 
 
-def keys_values(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32):
-    """K [n, heads_kv, d_k] and V [n, heads_kv, d_v] of the given slots, dequantized."""
-    segments = storage.read(spec, cache, slots, dtype)
+def keys_values(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32,
+                dequant_dtype=None):
+    """K [n, heads_kv, d_k] and V [n, heads_kv, d_v] of the given slots, dequantized
+    (fp8 × scale rounded to dequant_dtype when given)."""
+    segments = storage.read(spec, cache, slots, dtype, dequant_dtype)
     return storage.assemble(spec, segments, spec.key), storage.assemble(spec, segments, spec.value)
 
 
@@ -39,10 +41,12 @@ def attend(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def attention(spec: Spec, q: torch.Tensor, cache, block_table=None, seqlens=None,
-              indices=None, scale: float | None = None, dtype=torch.float32):
+              indices=None, scale: float | None = None, dtype=torch.float32,
+              dequant_dtype=None):
     """Decode attention of DESIGN.md §3. q [b, s_q, h_q, d_k]; dense specs take
     block_table [b, max_pages] and seqlens [b]; sparse specs take indices [b, s_q, topk]
-    (-1 = none). Returns out [b, s_q, h_q, d_v] and lse [b, h_q, s_q], both in `dtype`."""
+    (-1 = none). Returns out [b, s_q, h_q, d_v] and lse [b, h_q, s_q], both in `dtype`.
+    dequant_dtype rounds fp8 × scale to a 16-bit dtype first, as the kernels stage it."""
     scale = spec.softmax_scale if scale is None else float(scale)
     batch, s_q = q.shape[:2]
     q = q.to(dtype)
@@ -52,12 +56,13 @@ def attention(spec: Spec, q: torch.Tensor, cache, block_table=None, seqlens=None
         if spec.sparse:
             for t in range(s_q):  # each query token has its own token set
                 slots = indices[b, t][indices[b, t] >= 0]
-                k, v = keys_values(spec, cache, slots, dtype)
+                k, v = keys_values(spec, cache, slots, dtype, dequant_dtype)
                 visible = torch.ones(1, len(slots), dtype=torch.bool, device=q.device)
                 out[b, t:t + 1], lse[b, :, t:t + 1] = attend(spec, q[b, t:t + 1], k, v, visible, scale)
             continue
         seqlen = int(seqlens[b])
-        k, v = keys_values(spec, cache, dense_slots(spec, block_table[b], seqlen), dtype)
+        k, v = keys_values(spec, cache, dense_slots(spec, block_table[b], seqlen), dtype,
+                           dequant_dtype)
         positions = torch.arange(seqlen, device=q.device)
         visible = torch.ones(s_q, seqlen, dtype=torch.bool, device=q.device)
         if spec.causal:  # query token t sees positions < seqlen - s_q + t + 1

@@ -100,8 +100,11 @@ def _flat_slots(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1, *tensor.shape[2:])
 
 
-def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32) -> dict[str, torch.Tensor]:
-    """Every segment at the given slots, dequantized: name → [n, copies, dim]."""
+def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32,
+         dequant_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Every segment at the given slots, dequantized: name → [n, copies, dim].
+    With dequant_dtype, fp8 values × scale are rounded to it (as a kernel that stages
+    dequantized values in 16-bit shared memory computes)."""
     slots = slots.long()
     out = {}
     for seg in spec.segments:
@@ -113,6 +116,7 @@ def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32) -> dict[st
                 scales = _flat_slots(tensors[scale_name(seg)])[slots].to(dtype)
                 values = values * scales.view(len(slots), seg.copies, seg.scales_per_copy).repeat_interleave(
                     seg.scale_group, dim=-1)
+                values = _round(values, dequant_dtype)
             out[seg.name] = values
             continue
         raw = _record_bytes(spec, cache)[slots, seg.offset: seg.offset + seg.bytes]
@@ -123,9 +127,13 @@ def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32) -> dict[st
             scales = raw[..., seg.values_bytes:].clone(memory_format=torch.contiguous_format)
             scales = scales.view(torch.float32).to(dtype)
             assert scales.shape[-1] * SCALE_BYTES == seg.copy_bytes - seg.values_bytes
-            values = values * scales.repeat_interleave(seg.scale_group, dim=-1)
+            values = _round(values * scales.repeat_interleave(seg.scale_group, dim=-1), dequant_dtype)
         out[seg.name] = values
     return out
+
+
+def _round(values: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return values if dtype is None else values.to(dtype).to(values.dtype)
 
 
 def assemble(spec: Spec, segments: dict[str, torch.Tensor], which) -> torch.Tensor:

@@ -108,8 +108,12 @@ class Comparison:
 
 def compare(spec: Spec, case: Case, out: torch.Tensor, lse: torch.Tensor,
             scale: float | None = None) -> Comparison:
+    # fp8 is compared against the dequantized reference in the 16-bit compute dtype: the
+    # kernel stages value × scale in bf16/fp16 shared memory, and that rounding alone moves
+    # lse by ~1e-2 (measured), more than the bf16 tolerance the rest of the math meets
     ref_out, ref_lse = reference.attention(spec, case.q, case.cache, case.block_table,
-                                           case.seqlens, case.indices, scale)
+                                           case.seqlens, case.indices, scale,
+                                           dequant_dtype=storage.torch_dtype(spec.elem))
     out, lse = out.float(), lse.float()
     diff = (out - ref_out).nan_to_num(nan=math.inf)
     norm = ref_out.norm().item()

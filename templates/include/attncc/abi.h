@@ -1,0 +1,52 @@
+/*
+ * attncc/abi.h: the C ABI between a generated kernel library and its host.
+ *
+ * Every generated shared library exports
+ *
+ *     int attncc_launch(const AttnccArgs* args);   returns a cudaError_t
+ *     int attncc_smem_bytes(void);                 dynamic shared memory of the decode kernel
+ *     int attncc_threads(void);                    threads per decode CTA
+ *     int attncc_ctas_per_split(int s_q);          decode CTAs per (batch[, query token], split)
+ *
+ * and nothing else; the host (Python, through ctypes or a thin binding) fills this struct with
+ * device pointers and sizes. Plain C: no C++ in this header.
+ *
+ * Tensor conventions (DESIGN.md section 3). All tensors are contiguous; d_k, d_v, h_q, h_kv,
+ * page size, top-k and the cache layout are compile-time properties of the library.
+ */
+#ifndef ATTNCC_ABI_H_
+#define ATTNCC_ABI_H_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ATTNCC_MAX_TENSORS 8
+
+typedef struct AttnccArgs {
+  const void* q;          /* [b, s_q, h_q, d_k] elem */
+  void* out;              /* [b, s_q, h_q, d_v] elem */
+  float* lse;             /* [b, h_q, s_q] float32, natural log; -inf for a query that sees nothing */
+  const void* tensors[ATTNCC_MAX_TENSORS]; /* the plan's cache tensors, in plan order; 16-byte aligned */
+  const int* block_table; /* [b, block_table_stride] int32 page numbers; NULL when sparse */
+  int block_table_stride; /* in elements */
+  const int* seqlens;     /* [b] int32: cached length including the s_q new tokens; unused when sparse */
+  const int* indices;     /* sparse only: [b, s_q, topk] int32 slots (page * P + offset), -1 = none */
+  float* partial_out;     /* workspace [num_splits, b, s_q, h_q, d_v] float32; NULL when num_splits == 1 */
+  float* partial_lse;     /* workspace [num_splits, b, s_q, h_q] float32 (natural log) */
+  int batch, s_q, num_splits;
+  float softmax_scale;    /* natural scale; the kernel uses scale * log2(e) with exp2 */
+  void* stream;           /* cudaStream_t */
+} AttnccArgs;
+
+/* Exported by every generated library (see the top of this file). */
+int attncc_launch(const AttnccArgs* args);
+int attncc_smem_bytes(void);
+int attncc_threads(void);
+int attncc_ctas_per_split(int s_q);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTNCC_ABI_H_ */

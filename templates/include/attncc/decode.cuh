@@ -1,0 +1,740 @@
+// attncc/decode.cuh: the split-KV decode kernel.
+//
+// ## What one CTA computes
+// The rows of a CTA are query rows that read the same kv head j: row R packs (query token t,
+// query head in the group hh) as R = t * group + hh (FlashMLA's packing; sparse: each query
+// token is its own sequence and R = hh). A CTA takes tile_m consecutive rows of one kv head, for
+// one sequence and one split of the KV range, and streams the split's KV tiles of tile_n tokens:
+//
+//     for each KV tile:                             (cp.async pipeline, `stages` tiles deep)
+//         S  = Q K^T              mma.sync, Q and K from shared memory (ldmatrix)
+//         S  = masked(S) * scale * log2(e)          causal limit, past the sequence, -1 index
+//         m' = rowmax(S, m); P = exp2(S - m'); l = l * 2^(m-m') + rowsum(P); O *= 2^(m-m')
+//         O += P V                P through shared memory, V by ldmatrix.trans
+//     out = O / l, lse = (m + log2 l) ln 2          -> out/lse (1 split) or partials (combine.cuh)
+//
+// K and V are views over the same staged tile: the record's runs are copied (and fp8
+// dequantized) once into a 16-bit row of staged_width elements per token, and the key (value)
+// is the concatenation of the staged column runs key_runs (value_runs). MLA's latent is loaded
+// once and used by both products.
+//
+// ## Warp layout (all constexpr, from the plan)
+// warps = WM x WN. Warp (wm, wn) owns rows [wm*WR, wm*WR + WR) (WR = warp_rows, 16 or 32) in
+// both products. In S = Q K^T it computes tokens [wn*TN, wn*TN + TN) of the tile (TN =
+// tile_n / WN): no product is computed twice. The row max is completed across the WN warps
+// of a row group through shared memory; each warp writes its P block to shared memory, and in
+// O += P V it owns value columns [wn*VN, wn*VN + VN) (VN = d_v / WN) against all tile_n tokens.
+// The per-warp l sums only its own tokens; the WN partial sums are added at the end.
+// warp_rows = 0 in the plan picks, among the legal WR in {16, 32}, the one that reads the
+// fewest shared-memory bytes per KV tile:
+//     WN*tile_m*d_k + WM*tile_n*d_k   (Q and K reads of S = Q K^T)
+//   + WN*tile_m*tile_n + WM*tile_n*d_v (P and V reads of O += P V).
+//
+// ## Pipeline and barriers, per KV step i
+//   A  wait for tile i, __syncthreads            tile i visible; step i-1 fully consumed
+//      store the slots of tile i + stages; prefetch the page number of tile i + stages + 1
+//      [raw mode: dequantize tile i into the staged tile, __syncthreads]
+//      S = Q K^T, with the copies of tile i + stages - 1 (into the stage of step i - 1) issued
+//      between its k-steps (copy_interleave = 1) or before it (0)
+//      mask, row max -> shared;  B  row-group barrier
+//      m, P, l, O rescale (skipped when no row max moved), P -> shared;  C  row-group barrier
+//      O += P V
+//
+// ## Plan knobs read here beyond the brief's schema (both optional)
+//   warp_rows        0 (default: the legal one reading the fewest shared bytes), 16 or 32
+//   copy_interleave  -1 (default: 1 when 2 tile_m (d_k + d_v) >= 64 record bytes per kv head),
+//                    0 or 1
+//
+// ## Shared memory and constraints, for the lowering (Python; mirrors the static_asserts)
+//
+//   SMEM_LIMIT = 232448  # 227 KB
+//   fp8 = lambda dt: dt in ("e4m3", "e5m2")
+//   def pitch(w):        # bytes of a staged 16-bit row: XOR swizzle (w/8 % 8 == 0), odd, or +1 chunk
+//       c = w // 8; return 16 * (c if c % 8 == 0 or c % 2 == 1 else c + 1)
+//   pad16 = lambda x: (x + 15) // 16 * 16
+//   def num_scales(s):
+//       g = s["scale"]["group"] if s["scale"] else 0
+//       return (s["seg_lo"] + s["width"] - 1) // g - s["seg_lo"] // g + 1 if g else 0
+//   def layout_ok(wr, p):
+//       m, n, w, dv = p["tile_m"], p["tile_n"], p["warps"], p["d_v"]
+//       if m % wr or w % (m // wr): return False
+//       wn = w // (m // wr)
+//       return (n % (8 * wn) == 0 and dv % (16 * wn) == 0
+//               and wr * (dv // wn) // 32 <= 128      # O accumulator registers
+//               and wr * (n // wn) // 32 <= 32)       # S registers
+//   def warp_rows(p):
+//       if p.get("warp_rows", 0): return p["warp_rows"]
+//       m, n, w, dk, dv = p["tile_m"], p["tile_n"], p["warps"], p["d_k"], p["d_v"]
+//       reads = lambda wr: (w // (m // wr)) * m * (dk + n) + (m // wr) * n * (dk + dv)
+//       ok = [wr for wr in (16, 32) if layout_ok(wr, p)]
+//       return (32 if reads(32) < reads(16) else 16) if len(ok) == 2 else (32 if ok == [32] else 16)
+//   def smem_bytes(p):
+//       m, n, st = p["tile_m"], p["tile_n"], p["stages"]
+//       raw = any(fp8(s["dtype"]) for s in p["sources"])
+//       raw_pitch = sum(pad16(s["width"] * (1 if fp8(s["dtype"]) else 2)) + pad16(4 * num_scales(s))
+//                       for s in p["sources"])
+//       wn = p["warps"] // (m // warp_rows(p))
+//       return (m * pitch(p["d_k"]) + (1 if raw else st) * n * pitch(p["staged_width"])
+//               + (st * n * raw_pitch if raw else 0) + m * pitch(n) + (st + 1) * n * 4 + wn * m * 4)
+//   def check(p):        # -> list of errors
+//       e, stride = [], [t["token_stride_bytes"] for t in p["tensors"]]
+//       if p["elem"] not in ("bf16", "fp16"): e.append("elem: bf16 or fp16")
+//       if p["d_k"] % 16 or p["d_v"] % 16: e.append("d_k, d_v: multiples of 16")
+//       if p["staged_width"] % 8 or any(w % 8 for _, w in p["key_runs"] + p["value_runs"]):
+//           e.append("runs, staged_width: multiples of 8")
+//       for s in p["sources"]:
+//           nbytes = s["width"] * (1 if fp8(s["dtype"]) else 2)
+//           if (s["smem_col"] % 8 or s["offset_bytes"] % 16 or s["head_stride_bytes"] % 16
+//                   or nbytes % 16 or stride[s["tensor"]] % 16):
+//               e.append(s["segment"] + ": 16-byte alignment of offset, head stride, bytes, token stride")
+//           if not fp8(s["dtype"]) and s["dtype"] != p["elem"]: e.append(s["segment"] + ": dtype != elem")
+//           if fp8(s["dtype"]):
+//               sc = s["scale"]
+//               if (not sc or s["seg_lo"] % 16 or sc["group"] % 16 or sc["offset_bytes"] % 4
+//                       or sc["head_stride_bytes"] % 4 or stride[sc["tensor"]] % 4):
+//                   e.append(s["segment"] + ": fp8 scale, seg_lo % 16, group % 16, 4-byte scale alignment")
+//       if p["stages"] < 2: e.append("stages >= 2")
+//       if p["warps"] not in (4, 8): e.append("warps: 4 or 8")
+//       if p["tile_m"] % 16 or p["tile_n"] % 16 or p["tile_n"] > 32 * p["warps"]:
+//           e.append("tile_m, tile_n: multiples of 16; tile_n <= 32 * warps")
+//       if not layout_ok(warp_rows(p), p): e.append("no legal warp layout (see layout_ok)")
+//       elif smem_bytes(p) > SMEM_LIMIT: e.append("shared memory > 227 KB")
+//       return e
+//
+// Runtime (host) conditions: every tensor pointer 16-byte aligned; 1 <= s_q <= max_sq;
+// num_splits >= 1 with the workspace when > 1; batch * num_splits * attncc_ctas_per_split(s_q)
+// < 2^31. Registers: 255 at most with no spills for every plan of kernel_dev/smoke.py (ptxas -v);
+// the largest MLA plans sit at ~250, so a new shape should be compiled once and its report read.
+#pragma once
+
+#include "attncc/abi.h"
+#include "attncc/common.cuh"
+#include "attncc/dequant.cuh"
+#include "attncc/load.cuh"
+#include "attncc/mma.cuh"
+#include "attncc/softmax.cuh"
+
+namespace attncc {
+
+constexpr int kSmemLimitBytes = 232448;  // 227 KB: the largest dynamic shared memory of a CTA on sm_90
+
+// ------------------------------------------------------------------------------------------
+// Warp layout
+
+__host__ __device__ constexpr bool warp_rows_legal(int wr, int tile_m, int tile_n, int warps, int d_v) {
+  if (tile_m % wr != 0) return false;
+  const int wm = tile_m / wr;
+  if (warps % wm != 0) return false;
+  const int wn = warps / wm;
+  return tile_n % (8 * wn) == 0 && d_v % (16 * wn) == 0 && wr * (d_v / wn) / 32 <= 128 &&
+         wr * (tile_n / wn) / 32 <= 32;
+}
+
+__host__ __device__ constexpr long long smem_reads_per_tile(int wr, int tile_m, int tile_n, int warps, int d_k, int d_v) {
+  const int wm = tile_m / wr, wn = warps / wm;
+  return 1LL * wn * tile_m * d_k + 1LL * wm * tile_n * d_k + 1LL * wn * tile_m * tile_n + 1LL * wm * tile_n * d_v;
+}
+
+__host__ __device__ constexpr int pick_warp_rows(int requested, int tile_m, int tile_n, int warps, int d_k, int d_v) {
+  if (requested != 0) return requested;
+  const bool ok16 = warp_rows_legal(16, tile_m, tile_n, warps, d_v);
+  const bool ok32 = warp_rows_legal(32, tile_m, tile_n, warps, d_v);
+  if (ok16 && ok32)
+    return smem_reads_per_tile(32, tile_m, tile_n, warps, d_k, d_v) < smem_reads_per_tile(16, tile_m, tile_n, warps, d_k, d_v) ? 32 : 16;
+  return ok32 ? 32 : 16;
+}
+
+// ------------------------------------------------------------------------------------------
+// Everything derived from the plan
+
+template <class Cfg>
+struct DecodeTraits {
+  static constexpr Dtype kElem = Cfg::kElem;
+  using E = Elem16<kElem>;
+  static constexpr int kThreads = Cfg::kWarps * 32;
+  static constexpr int kTileM = Cfg::kTileM;
+  static constexpr int kTileN = Cfg::kTileN;
+  static constexpr int kStages = Cfg::kStages;
+
+  static constexpr int kWarpRows = pick_warp_rows(Cfg::kWarpRows, kTileM, kTileN, Cfg::kWarps, Cfg::kDK, Cfg::kDV);
+  static constexpr int kWarpsM = kTileM / kWarpRows;
+  static constexpr int kWarpsN = Cfg::kWarps / kWarpsM;
+  static constexpr int kMT = kWarpRows / 16;          // m16 tiles per warp
+  static constexpr int kTokPerWarp = kTileN / kWarpsN;  // S = Q K^T: tokens per warp
+  static constexpr int kNTS = kTokPerWarp / 8;         // ... in n8 tiles
+  static constexpr int kColsPerWarp = Cfg::kDV / kWarpsN;  // O += P V: value columns per warp
+  static constexpr int kNTO = kColsPerWarp / 8;        // ... in n8 tiles
+  // Independent accumulator chains in S = Q K^T: with fewer than 4 (m16, n8) tiles per warp, the
+  // k-steps alternate between kQKChains copies of s, summed at the end, so consecutive mma do not
+  // wait on each other's result.
+  static constexpr int kQKChains = kMT * kNTS >= 4 ? 1 : 4 / (kMT * kNTS);
+
+  __host__ __device__ static constexpr bool any_fp8() {
+    bool r = false;
+    for (int i = 0; i < Cfg::kNumSources; ++i) r = r || is_fp8(Cfg::kSources[i].dtype);
+    return r;
+  }
+  static constexpr bool kRaw = any_fp8();
+
+  using QRows = SmemRows<Cfg::kDK>;
+  using KVRows = SmemRows<Cfg::kStagedWidth>;
+  using PRows = SmemRows<kTileN>;
+  using Copy = TileCopy<Cfg, KVRows, kRaw, kThreads>;
+  // copy_interleave: 1 spreads the copies of the next KV tile over the k-steps of S = Q K^T (their
+  // issue then hides behind ldmatrix latency: +7% on compute-bound MLA), 0 issues them all at the
+  // top of the step (more bytes in flight sooner: better when memory-bound). -1: 1 when a tile's
+  // math per byte of cache, 2 tile_m (d_k + d_v) / record bytes per kv head, is >= 64.
+  static constexpr int kRecordBytesPerHead = RawLayout<Cfg>::kPitchBytes;
+  static constexpr bool kInterleaveCopies =
+      Cfg::kCopyInterleave >= 0 ? Cfg::kCopyInterleave != 0
+                                : 2 * kTileM * (Cfg::kDK + Cfg::kDV) >= 64 * kRecordBytesPerHead;
+  static constexpr int kKVBuffers = kRaw ? 1 : kStages;
+  static constexpr int kKVTileBytes = KVRows::bytes(kTileN);
+  static constexpr int kRawTileBytes = RawLayout<Cfg>::bytes(kTileN);
+
+  static constexpr int kQOff = 0;
+  static constexpr int kKVOff = kQOff + QRows::bytes(kTileM);
+  static constexpr int kRawOff = kKVOff + kKVBuffers * kKVTileBytes;
+  static constexpr int kPOff = kRawOff + (kRaw ? kStages * kRawTileBytes : 0);
+  static constexpr int kSlotOff = kPOff + PRows::bytes(kTileM);
+  static constexpr int kRedOff = kSlotOff + (kStages + 1) * kTileN * 4;
+  static constexpr int kSmemBytes = kRedOff + kWarpsN * kTileM * 4;
+
+  // Checks the lowering also makes (see the header comment).
+  static_assert(kElem == Dtype::kBF16 || kElem == Dtype::kFP16, "elem is bf16 or fp16");
+  static_assert(Cfg::kDK % 16 == 0 && Cfg::kDV % 16 == 0, "d_k and d_v are multiples of 16");
+  static_assert(runs_width(Cfg::kKeyRuns) == Cfg::kDK, "key runs add up to d_k");
+  static_assert(runs_width(Cfg::kValueRuns) == Cfg::kDV, "value runs add up to d_v");
+  static_assert(kStages >= 2, "stages >= 2");
+  static_assert(Cfg::kNumSMs > 0, "num_sms: the host's split heuristic uses it; the kernel does not");
+  static_assert(Cfg::kPageSize >= 1, "page size >= 1 (sparse plans address slots directly)");
+  static_assert(Cfg::kWarps == 4 || Cfg::kWarps == 8, "warps in {4, 8}");
+  static_assert(kTileM % 16 == 0 && kTileN % 16 == 0, "tile_m and tile_n are multiples of 16");
+  static_assert(kTileN <= kThreads, "one thread per token computes the slots");
+  static_assert(kWarpRows == 16 || kWarpRows == 32, "warp_rows in {16, 32}");
+  static_assert(warp_rows_legal(kWarpRows, kTileM, kTileN, Cfg::kWarps, Cfg::kDV),
+                "warp layout: tile_m % warp_rows, warps % (tile_m / warp_rows), tile_n % (8 WN), d_v % (16 WN), "
+                "accumulator <= 128 and scores <= 32 registers");
+  static_assert(kWarpsM <= 15, "one named barrier per row group");
+  static_assert(kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB: smaller tile_n, tile_m or stages");
+};
+
+template <class Cfg>
+__host__ __device__ constexpr bool check_sources() {
+  for (int i = 0; i < Cfg::kNumSources; ++i) {
+    const Source s = Cfg::kSources[i];
+    if (s.smem_col % 8 != 0 || s.offset_bytes % 16 != 0 || s.head_stride_bytes % 16 != 0) return false;
+    if (s.data_bytes() % 16 != 0 || Cfg::kTokenStride[s.tensor] % 16 != 0) return false;
+    if (s.smem_col + s.width > Cfg::kStagedWidth) return false;
+    if (is_fp8(s.dtype) != s.has_scale()) return false;
+    if (!is_fp8(s.dtype) && s.dtype != Cfg::kElem) return false;  // 16-bit runs have the elem dtype
+    if (s.has_scale() && (s.seg_lo % 16 != 0 || s.scale_group % 16 != 0 || s.scale_offset_bytes % 4 != 0 ||
+                          s.scale_head_stride_bytes % 4 != 0 || Cfg::kTokenStride[s.scale_tensor] % 4 != 0))
+      return false;
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------
+// Per-lane ldmatrix addressing into a (possibly swizzled) row-major tile.
+//
+// In every ldmatrix of this kernel, lane l addresses a row r with r % 8 == l % 8 and either
+// chunk C or C + 1 of it, C even, l's choice fixed for the whole kernel (`half`). With the XOR
+// swizzle the physical chunk is (C + half) ^ (r % 8) = (C & ~7) + ((C & 7) ^ xh) with
+// xh = (r % 8) ^ half; for constant C the second term takes 4 values, which the compiler keeps
+// in registers across the unrolled k-steps.
+template <class Rows>
+struct LaneRow {
+  uint32_t row_addr;  // tile + r * pitch
+  int xh;             // swizzled: (r % 8) ^ half; plain: half
+
+  LaneRow() = default;
+  __device__ __forceinline__ LaneRow(uint32_t tile, int row, int half) {
+    row_addr = tile + row * Rows::kPitchBytes;
+    xh = Rows::kSwizzle ? ((row & 7) ^ half) : half;
+  }
+  // Address of chunk C + half, C even.
+  __device__ __forceinline__ uint32_t at(int c_even) const {
+    if constexpr (Rows::kSwizzle) {
+      return row_addr + ((c_even & ~7) << 4) + (((c_even & 7) ^ xh) << 4);
+    } else {
+      return row_addr + ((c_even + xh) << 4);
+    }
+  }
+};
+
+// Staged chunk of value chunk v (runtime): a walk over the (few) value runs.
+template <class Cfg>
+__device__ __forceinline__ int value_chunk(int v) {
+  int out = 0, base = 0;
+  static_for<Cfg::kNumValueRuns>([&](auto ri) {
+    constexpr Run r = Cfg::kValueRuns[decltype(ri)::value];
+    if (v >= base / 8 && v < (base + r.width) / 8) out = r.col / 8 + (v - base / 8);
+    base += r.width;
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------
+// S = Q K^T for this warp's rows and tokens: s[mt][nt] += Q[rows mt] . K[tokens nt]^T over d_k.
+// on_step(Index<k>) runs after k-step k (the caller's chance to issue copies between them).
+template <class Cfg, class OnStep>
+__device__ __forceinline__ void qk_tile(float (&s)[DecodeTraits<Cfg>::kMT][DecodeTraits<Cfg>::kNTS][4], uint32_t q_tile,
+                                        uint32_t kv_tile, int wm, int wn, int lane, OnStep&& on_step) {
+  using T = DecodeTraits<Cfg>;
+  constexpr int MT = T::kMT, NTS = T::kNTS, C = T::kQKChains;
+  float chain[C > 1 ? C - 1 : 1][MT][NTS][4];  // chains 1..C-1 (chain 0 is s)
+#pragma unroll
+  for (int c = 0; c < (C > 1 ? C - 1 : 1); ++c)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < NTS; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) chain[c][mt][n][j] = 0.f;
+  auto acc = [&](auto kc, int mt, int n) -> float(&)[4] {
+    if constexpr (decltype(kc)::value == 0) {
+      return s[mt][n];
+    } else {
+      return chain[decltype(kc)::value - 1][mt][n];
+    }
+  };
+  LaneRow<typename T::QRows> qrow[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    qrow[mt] = LaneRow<typename T::QRows>(q_tile, wm * T::kWarpRows + mt * 16 + a_ldm_row(lane), a_ldm_khalf(lane));
+  // Rows of K: pairs of n-tiles via x4, a last odd n-tile via x2.
+  constexpr int NP = NTS / 2;
+  const int tok0 = wn * T::kTokPerWarp;
+  const LaneRow<typename T::KVRows> krow(kv_tile, tok0 + b_ldm_row(lane), b_ldm_khalf(lane));
+  const LaneRow<typename T::KVRows> krow_odd(kv_tile, tok0 + NP * 16 + (lane & 7), (lane >> 3) & 1);
+  const int kx = T::KVRows::kSwizzle ? (lane & 7) : 0;  // for non-adjacent key halves
+  const int khalf = b_ldm_khalf(lane);
+
+  static_for<Cfg::kDK / 16>([&](auto kk) {
+    constexpr int k = decltype(kk)::value;
+    const Index<k % C> kc;
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], qrow[mt].at(2 * k));
+    // Staged chunks of key columns 16k..16k+7 and 16k+8..16k+15.
+    constexpr int c0 = run_to_staged(Cfg::kKeyRuns, 16 * k) / 8;
+    constexpr int c1 = run_to_staged(Cfg::kKeyRuns, 16 * k + 8) / 8;
+    constexpr bool kAdjacent = c0 % 2 == 0 && c1 == c0 + 1;
+#pragma unroll
+    for (int np = 0; np < NP; ++np) {
+      uint32_t b[4];
+      uint32_t addr;
+      if constexpr (kAdjacent) {
+        addr = krow.at(c0) + np * 16 * T::KVRows::kPitchBytes;
+      } else {
+        const int c = khalf ? c1 : c0;
+        addr = krow.row_addr + np * 16 * T::KVRows::kPitchBytes + ((T::KVRows::kSwizzle ? (c ^ kx) : c) << 4);
+      }
+      ldmatrix_x4(b, addr);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<Cfg::kElem>(acc(kc, mt, 2 * np), a[mt], b[0], b[1]);
+        mma_16816<Cfg::kElem>(acc(kc, mt, 2 * np + 1), a[mt], b[2], b[3]);
+      }
+    }
+    if constexpr (NTS % 2 == 1) {
+      uint32_t b[2];
+      uint32_t addr;
+      if constexpr (kAdjacent) {
+        addr = krow_odd.at(c0);
+      } else {
+        const int c = ((lane >> 3) & 1) ? c1 : c0;
+        addr = krow_odd.row_addr + ((T::KVRows::kSwizzle ? (c ^ kx) : c) << 4);
+      }
+      ldmatrix_x2(b, addr);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) mma_16816<Cfg::kElem>(acc(kc, mt, NTS - 1), a[mt], b[0], b[1]);
+    }
+    on_step(kk);
+  });
+  if constexpr (C > 1) {
+#pragma unroll
+    for (int c = 0; c < C - 1; ++c)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NTS; ++n)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) s[mt][n][j] += chain[c][mt][n][j];
+  }
+}
+
+// O += P V for this warp's rows and value columns, over all tile_n tokens.
+template <class Cfg>
+__device__ __forceinline__ void pv_tile(float (&o)[DecodeTraits<Cfg>::kMT][DecodeTraits<Cfg>::kNTO][4], uint32_t p_tile,
+                                        uint32_t kv_tile, int wm, int wn, int lane) {
+  using T = DecodeTraits<Cfg>;
+  constexpr int MT = T::kMT, NTO = T::kNTO;
+  LaneRow<typename T::PRows> prow[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    prow[mt] = LaneRow<typename T::PRows>(p_tile, wm * T::kWarpRows + mt * 16 + a_ldm_row(lane), a_ldm_khalf(lane));
+  // V rows (tokens) of this lane: kt*16 + bt_ldm_row(lane); its 8-column half: bt_ldm_nhalf.
+  const int vrow = bt_ldm_row(lane);
+  const int nhalf = bt_ldm_nhalf(lane);
+  const int vx = T::KVRows::kSwizzle ? (lane & 7) : 0;
+  const int vchunk0 = wn * (T::kColsPerWarp / 8);  // first value chunk of this warp
+  static_assert(NTO % 2 == 0, "value columns per warp are a multiple of 16");
+
+#pragma unroll
+  for (int kt = 0; kt < T::kTileN / 16; ++kt) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], prow[mt].at(2 * kt));
+    const uint32_t vbase = kv_tile + (kt * 16 + vrow) * T::KVRows::kPitchBytes;
+#pragma unroll
+    for (int np = 0; np < NTO / 2; ++np) {
+      int c;
+      if constexpr (Cfg::kNumValueRuns == 1) {
+        c = Cfg::kValueRuns[0].col / 8 + vchunk0 + 2 * np + nhalf;
+      } else {
+        c = value_chunk<Cfg>(vchunk0 + 2 * np + nhalf);
+      }
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vbase + ((c ^ vx) << 4));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<Cfg::kElem>(o[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<Cfg::kElem>(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void row_group_sync(int group, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
+
+// ------------------------------------------------------------------------------------------
+// Which rows, kv head, split and sequence a CTA works on. Block index, fastest first:
+// row block, kv head, split, sequence (dense: b; sparse: b * s_q + t).
+template <class Cfg>
+struct CtaWork {
+  int mb, head, split, seq, b, t_fixed, rows_total;
+
+  __device__ __forceinline__ static CtaWork make(const AttnccArgs& a, int ctaid) {
+    CtaWork w;
+    w.rows_total = Cfg::kSparse ? Cfg::kGroup : a.s_q * Cfg::kGroup;
+    const int n_mblocks = ceil_div(w.rows_total, DecodeTraits<Cfg>::kTileM);
+    w.mb = ctaid % n_mblocks;
+    ctaid /= n_mblocks;
+    w.head = ctaid % Cfg::kHeadsKV;
+    ctaid /= Cfg::kHeadsKV;
+    w.split = ctaid % a.num_splits;
+    w.seq = ctaid / a.num_splits;
+    w.b = Cfg::kSparse ? w.seq / a.s_q : w.seq;
+    w.t_fixed = Cfg::kSparse ? w.seq % a.s_q : 0;
+    return w;
+  }
+  // Query token and query head (within the group) of CTA row R.
+  __device__ __forceinline__ int row_token(int R) const { return Cfg::kSparse ? t_fixed : R / Cfg::kGroup; }
+  __device__ __forceinline__ int row_head(int R) const { return Cfg::kSparse ? R : R % Cfg::kGroup; }
+  // Query token t sees cache positions < token_limit (bottom-right aligned causal mask).
+  __device__ __forceinline__ static int token_limit(int t, int kv_len, int s_q) {
+    if constexpr (Cfg::kCausal) {
+      return min(max(kv_len - s_q + t + 1, 0), kv_len);
+    } else {
+      return kv_len;
+    }
+  }
+};
+
+__device__ __forceinline__ int reread_ctaid() {
+  int x;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
+  return x;
+}
+
+// ------------------------------------------------------------------------------------------
+// The kernel. Grid: one CTA per (row block, kv head, split, sequence), row block fastest, so the
+// CTAs that share a sequence's KV tiles run together and share them in L2.
+
+template <class Cfg>
+__global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(const __grid_constant__ AttnccArgs args) {
+  using T = DecodeTraits<Cfg>;
+  static_assert(check_sources<Cfg>(), "source layout: see the constraints in decode.cuh");
+  constexpr int M = T::kTileM, N = T::kTileN, S = T::kStages, MT = T::kMT, WR = T::kWarpRows;
+  constexpr int kRowGroupThreads = T::kWarpsN * 32;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sbase = smem_addr(smem);
+  const uint32_t q_tile = sbase + T::kQOff;
+  const uint32_t kv_base = sbase + T::kKVOff;
+  const uint32_t raw_base = sbase + T::kRawOff;
+  const uint32_t p_tile = sbase + T::kPOff;
+  int* const slot_ring = reinterpret_cast<int*>(smem + T::kSlotOff);
+  float* const red = reinterpret_cast<float*>(smem + T::kRedOff);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
+
+  // ---- the work of this CTA
+  const CtaWork<Cfg> w = CtaWork<Cfg>::make(args, blockIdx.x);
+  const int s_q = args.s_q;
+  const int kv_len = Cfg::kSparse ? Cfg::kTopK : __ldg(args.seqlens + w.b);
+  const int last_row = min(w.rows_total, (w.mb + 1) * M) - 1;
+  const int cta_limit = w.token_limit(w.row_token(last_row), kv_len, s_q);
+  const int n_tiles = ceil_div(kv_len, N);
+  const int tiles_per_split = ceil_div(n_tiles, args.num_splits);
+  const int tile_begin = w.split * tiles_per_split;
+  const int tile_end = min(min(tile_begin + tiles_per_split, n_tiles), ceil_div(cta_limit, N));
+  const int n_iter = max(tile_end - tile_begin, 0);
+  const int head = w.head;
+
+  SlotSource ss;
+  ss.row = Cfg::kSparse ? args.indices + static_cast<long long>(w.seq) * Cfg::kTopK
+                        : args.block_table + static_cast<long long>(w.b) * args.block_table_stride;
+  ss.limit = cta_limit;
+
+  // ---- prologue: slots of the first S tiles, Q, the first S-1 tiles
+  SlotPrefetch<Cfg> pf;
+#pragma unroll
+  for (int i = 0; i < S; ++i) {
+    pf.load(ss, tile_begin + i, tid);
+    pf.store(slot_ring + i * N, tile_begin + i, tid);
+  }
+  pf.load(ss, tile_begin + S, tid);
+  __syncthreads();
+
+  // Where the copies of relative tile i land: its stage of the staged tile (direct mode) or of
+  // the raw rows (raw mode).
+  auto copy_dst = [&](int i) {
+    return T::kRaw ? raw_base + (i % S) * T::kRawTileBytes : kv_base + (i % S) * T::kKVTileBytes;
+  };
+  const char* q_any = static_cast<const char*>(args.q);
+  issue_q<Cfg, typename T::QRows, T::kThreads>(
+      q_tile,
+      [&](int r) -> const char* {
+        const int R = w.mb * M + r;
+        if (R >= w.rows_total) return nullptr;
+        const long long row = (static_cast<long long>(w.b) * s_q + w.row_token(R)) * Cfg::kHeadsQ + head * Cfg::kGroup + w.row_head(R);
+        return q_any + row * Cfg::kDK * 2;
+      },
+      q_any, tid);
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < n_iter) T::Copy::issue_all(args, copy_dst(i), slot_ring + i * N, head, tid);
+    cp_async_commit();
+  }
+
+  // ---- per-thread row state
+  float o[MT][T::kNTO][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < T::kNTO; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) o[mt][n][j] = 0.f;
+  OnlineSoftmax<MT> sm;
+  sm.init();
+  int row_limit[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int R = w.mb * M + wm * WR + mt * 16 + (lane >> 2) + 8 * h;
+      row_limit[mt][h] = R < w.rows_total ? w.token_limit(w.row_token(R), kv_len, s_q) : 0;
+    }
+  const float scale_log2 = args.softmax_scale * kLog2e;
+
+  // ---- main loop over the split's KV tiles
+  for (int it = 0; it < n_iter; ++it) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // A
+
+    // the copies of tile it + S - 1 (into the stage step it - 1 used), and the slots of tile it + S
+    const int nx = it + S - 1;
+    const bool copy_next = nx < n_iter;
+    const uint32_t nx_dst = copy_dst(nx);
+    const int* nx_slots = slot_ring + (nx % (S + 1)) * N;
+    if constexpr (!T::kInterleaveCopies) {
+      if (copy_next) T::Copy::issue_all(args, nx_dst, nx_slots, head, tid);
+      cp_async_commit();
+    }
+    pf.store(slot_ring + ((it + S) % (S + 1)) * N, tile_begin + it + S, tid);
+    pf.load(ss, tile_begin + it + S + 1, tid);
+
+    uint32_t kv_tile;
+    if constexpr (T::kRaw) {
+      dequant_tile<Cfg, typename T::KVRows, T::kThreads>(raw_base + (it % S) * T::kRawTileBytes, kv_base, tid);
+      __syncthreads();
+      kv_tile = kv_base;
+    } else {
+      kv_tile = kv_base + (it % S) * T::kKVTileBytes;
+    }
+    const int* slots = slot_ring + (it % (S + 1)) * N;
+    const int pos0 = (tile_begin + it) * N;
+
+    // S = Q K^T
+    float s[MT][T::kNTS][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < T::kNTS; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[mt][n][j] = 0.f;
+    qk_tile<Cfg>(s, q_tile, kv_tile, wm, wn, lane, [&](auto kk) {
+      if constexpr (T::kInterleaveCopies) {
+        if (copy_next) T::Copy::template issue<decltype(kk)::value, Cfg::kDK / 16>(args, nx_dst, nx_slots, head, tid);
+      }
+    });
+    if constexpr (T::kInterleaveCopies) cp_async_commit();
+
+    // mask and scale
+    const int col0 = wn * T::kTokPerWarp + 2 * (lane & 3);
+    scale_and_mask(s, scale_log2, [&](int mt, int h, int nt, int j) {
+      const int col = col0 + nt * 8 + j;
+      bool vis = pos0 + col < row_limit[mt][h];
+      if constexpr (Cfg::kSparse) vis = vis && slots[col] >= 0;
+      return vis;
+    });
+
+    // row max across the row group
+    float mx[MT][2];
+    warp_row_max(s, mx);
+    if constexpr (T::kWarpsN > 1) {
+      if ((lane & 3) == 0) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) red[wn * M + wm * WR + mt * 16 + (lane >> 2) + 8 * h] = mx[mt][h];
+      }
+      row_group_sync(wm, kRowGroupThreads);  // B
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * WR + mt * 16 + (lane >> 2) + 8 * h;
+#pragma unroll
+          for (int w = 0; w < T::kWarpsN; ++w) mx[mt][h] = fmaxf(mx[mt][h], red[w * M + r]);
+        }
+    }
+
+    // P = exp2(S - m'), l, O rescale; P -> shared
+    float alpha[MT][2];
+    sm.update(s, mx, alpha);
+    {
+      // Once the running max settles, alpha is 1 for every row: skip the rescale of O.
+      bool moved = false;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) moved = moved || alpha[mt][0] != 1.f || alpha[mt][1] != 1.f;
+      if (__any_sync(0xffffffffu, moved)) rescale_rows(o, alpha);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kNTS; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * WR + mt * 16 + (lane >> 2) + 8 * h;
+          sts32(p_tile + T::PRows::elem_offset(r, col0 + nt * 8), T::E::pack(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+        }
+    if constexpr (T::kWarpsN > 1) {
+      row_group_sync(wm, kRowGroupThreads);  // C
+    } else {
+      __syncwarp();
+    }
+
+    // O += P V
+    pv_tile<Cfg>(o, p_tile, kv_tile, wm, wn, lane);
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: total l across the row group, normalise, write
+  float l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[mt][h] = quad_sum(sm.l[mt][h]);
+  if constexpr (T::kWarpsN > 1) {
+    __syncthreads();  // every warp is past its last read of `red`
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) red[wn * M + wm * WR + mt * 16 + (lane >> 2) + 8 * h] = l[mt][h];
+    }
+    row_group_sync(wm, kRowGroupThreads);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm * WR + mt * 16 + (lane >> 2) + 8 * h;
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < T::kWarpsN; ++w) sum += red[w * M + r];
+        l[mt][h] = sum;
+      }
+  }
+
+  // The CTA's coordinates again, from a fresh read of the block index, so that they need not
+  // stay in registers through the main loop.
+  const CtaWork<Cfg> we = CtaWork<Cfg>::make(args, reread_ctaid());
+  const bool direct = args.num_splits == 1;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int R = we.mb * M + wm * WR + mt * 16 + (lane >> 2) + 8 * h;
+      if (R >= we.rows_total) continue;
+      const int t = we.row_token(R);
+      const int hq = we.head * Cfg::kGroup + we.row_head(R);
+      const float inv = l[mt][h] > 0.f ? 1.f / l[mt][h] : 0.f;
+      const float lse = row_lse(sm.m[mt][h], l[mt][h]);
+      const long long qrow = (static_cast<long long>(we.b) * s_q + t) * Cfg::kHeadsQ + hq;
+      const int c0 = wn * T::kColsPerWarp + 2 * (lane & 3);
+      if (direct) {
+        auto* out = static_cast<typename T::E::T*>(args.out) + qrow * Cfg::kDV;
+#pragma unroll
+        for (int n = 0; n < T::kNTO; ++n)
+          *reinterpret_cast<uint32_t*>(out + c0 + n * 8) = T::E::pack(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+        if (wn == 0 && (lane & 3) == 0) args.lse[(static_cast<long long>(we.b) * Cfg::kHeadsQ + hq) * s_q + t] = lse;
+      } else {
+        const long long prow = static_cast<long long>(we.split) * args.batch * s_q * Cfg::kHeadsQ + qrow;
+        float* out = args.partial_out + prow * Cfg::kDV;
+#pragma unroll
+        for (int n = 0; n < T::kNTO; ++n)
+          *reinterpret_cast<float2*>(out + c0 + n * 8) = make_float2(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+        if (wn == 0 && (lane & 3) == 0) args.partial_lse[prow] = lse;
+      }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Host-side helpers for the launch (used by the generated attncc_launch).
+
+template <class Cfg>
+struct DecodeLaunch {
+  using T = DecodeTraits<Cfg>;
+  static constexpr int kThreads = T::kThreads;
+  static constexpr int kSmemBytes = T::kSmemBytes;
+
+  // Decode CTAs per (sequence, split); the grid is batch * num_splits * this.
+  static int ctas_per_split(int s_q) {
+    const int rows = Cfg::kSparse ? Cfg::kGroup : s_q * Cfg::kGroup;
+    return ceil_div(rows, T::kTileM) * Cfg::kHeadsKV * (Cfg::kSparse ? s_q : 1);
+  }
+
+  // cudaSuccess when the launch may go ahead (batch 0: nothing to do, pointers unchecked).
+  static cudaError_t check(const AttnccArgs& a) {
+    if (a.s_q < 1 || a.s_q > Cfg::kMaxSq || a.batch < 0 || a.num_splits < 1) return cudaErrorInvalidValue;
+    if (a.batch == 0) return cudaSuccess;
+    if (!a.q || !a.out || !a.lse) return cudaErrorInvalidValue;
+    if (Cfg::kSparse ? !a.indices : (!a.block_table || !a.seqlens)) return cudaErrorInvalidValue;
+    if (a.num_splits > 1 && (!a.partial_out || !a.partial_lse)) return cudaErrorInvalidValue;
+    if (static_cast<long long>(a.batch) * a.num_splits * ctas_per_split(a.s_q) > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    return cudaSuccess;
+  }
+};
+
+}  // namespace attncc
