@@ -66,7 +66,8 @@ def nvcc_version() -> str:
 def cache_key(plan: Plan, arch: str | None = None) -> str:
     arch = arch or plan.target
     payload = {"plan": plan.canonical_json(), "templates": template_digest(),
-               "attncc": __version__, "nvcc": nvcc_version(), "arch": arch}
+               "attncc": __version__, "nvcc": nvcc_version(), "arch": arch,
+               "flags": [*NVCC_FLAGS, ARCH_FLAGS[arch]]}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -175,10 +176,10 @@ def compile_source(plan: Plan, directory: Path, arch: str | None = None,
     repro = shlex.join(command)
     with _Progress(f"{plan.name} for {arch}") if progress else _nullcontext():
         result = subprocess.run([_ninja(), "-C", str(directory)], capture_output=True, text=True)
-    log = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise BuildError(f"nvcc failed building `{plan.name}` (exit {result.returncode})",
-                         log, source, repro)
+        log = result.stdout + result.stderr
+        if result.returncode != 0:  # inside the block: the progress line says "(failed)"
+            raise BuildError(f"nvcc failed building `{plan.name}` (exit {result.returncode})",
+                             log, source, repro)
     (directory / "ptxas.log").write_text(log)
     return library, parse_ptxas(log), log
 
@@ -204,11 +205,19 @@ def build(plan: Plan, arch: str | None = None, progress: bool = True) -> Path:
             return final / LIBRARY
         if final.exists():  # not READY: a rename cannot leave this, but be safe
             shutil.rmtree(final, ignore_errors=True)
+        for dead in root.glob(f"{key}.*.tmp"):  # we hold the key's lock: their builder died
+            shutil.rmtree(dead, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f"{key}.", suffix=".tmp", dir=root))
         try:
             compile_source(plan, work, arch, progress)
-            (work / READY).write_text(nvcc_version() + "\n")
-            os.replace(work, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        except BuildError as exc:
+            # keep the failed sources where the error message (and its repro) point
+            failed = root / "failed" / key
+            shutil.rmtree(failed, ignore_errors=True)
+            failed.parent.mkdir(exist_ok=True)
+            os.replace(work, failed)
+            raise BuildError(str(exc).splitlines()[0], exc.log, failed / exc.source.name,
+                             exc.repro.replace(str(work), str(failed))) from None
+        (work / READY).write_text(nvcc_version() + "\n")
+        os.replace(work, final)
     return final / LIBRARY

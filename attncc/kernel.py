@@ -30,6 +30,8 @@ class Kernel:
             # a valid spec the CUDA path cannot take (yet): CPU calls still run the
             # reference; CUDA calls, k.plan and k.op raise this error
             self._plan_error = exc
+        if self._plan is not None:
+            self.op  # register now: a first use inside torch.compile cannot register it
 
     @property
     def plan(self) -> Plan:

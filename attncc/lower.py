@@ -136,7 +136,7 @@ def num_splits(plan: Plan, batch: int, s_q: int, kv_tokens: int, sms: int) -> in
         return max(1, min(plan.split_kv, tiles))
     rows = plan.group * (1 if plan.sparse else s_q)
     units = batch * (s_q if plan.sparse else 1) * plan.heads_kv * math.ceil(rows / plan.tile_m)
-    most = max(1, math.ceil(kv_tokens / max(plan.tile_n, MIN_TOKENS_PER_SPLIT)))
+    most = max(1, kv_tokens // max(plan.tile_n, MIN_TOKENS_PER_SPLIT))
     return max(1, min(most, math.ceil(sms / max(units, 1))))
 
 
@@ -265,7 +265,6 @@ def kernel_shape(spec: Spec, staged: int, sources) -> dict:
     measured defaults (falling back to narrower tiles until shared memory fits). Raises
     at the knob when a given value cannot work."""
     sched, target = spec.schedule, spec.schedule.target
-    rows = spec.group * (1 if spec.sparse else spec.max_query_len)
     limit = SMEM_LIMIT[target]
     if sched.tile_q is not None:
         if sched.tile_q not in (16, 32, 64):
@@ -276,13 +275,19 @@ def kernel_shape(spec: Spec, staged: int, sources) -> dict:
                   "of 16 tokens, at most 128")
     if sched.stages is not None and not 2 <= sched.stages <= 8:
         _fail(spec, "stages", f"`stages {sched.stages}`: this kernel path pipelines 2 to 8 tiles")
-    tile_m = sched.tile_q or next(m for m in (16, 32, 64) if m >= min(rows, 64))
+    # Rows are sized for one query token's group, not for max_sq: a spec allowing s_q = 2
+    # still runs mostly at s_q = 1, where a tile sized for both would idle half its rows
+    # (measured: MLA h_q = 16 at s_q = 1 streams 2.3 TB/s with 32-row tiles). Extra query
+    # tokens become extra row tiles over the same KV, re-read from L2.
+    preferred = next(m for m in (16, 32, 64) if m >= min(spec.group, 64))
+    # narrow values may need a taller tile for a legal warp layout: try those next
+    tile_ms = [sched.tile_q] if sched.tile_q else [m for m in (16, 32, 64) if m >= preferred]
     # Measured on the H200 (bench/RESULTS.md): a 16-row tile is memory-bound and streams
     # best with 32-token tiles, 2 stages and 2 CTAs per SM; wider rows want 64 tokens.
-    tile_ns = [sched.tile_kv] if sched.tile_kv else ([32, 16] if tile_m == 16 else [64, 32, 16])
     stage_choices = [sched.stages] if sched.stages else [2]
     reasons = []
-    for tile_n in tile_ns:
+    for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
+            [sched.tile_kv] if sched.tile_kv else ([32, 16] if m == 16 else [64, 32, 16]))):
         for warps in WARPS:
             rows_per_warp = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
             if rows_per_warp is None:
@@ -349,10 +354,12 @@ def lower(spec: Spec) -> Plan:
     if len(tensors) > 8:
         raise UnsupportedSpec(f"separate storage with {len(tensors)} tensors: this kernel path "
                         "takes at most 8", spec.source, spec.span_of("cache"))
+    scale_tensors = {storage.scale_name(s) for s in spec.segments if s.scale_group}
     for t in tensors:
-        if t.token_stride_bytes % 16:
+        # values move in 16-byte chunks; fp32 scales one at a time
+        if t.token_stride_bytes % (SCALE_BYTES if t.name in scale_tensors else 16):
             raise UnsupportedSpec(f"cache tensor `{t.name}` has {t.token_stride_bytes} bytes per "
-                            "token: this kernel path needs a multiple of 16", spec.source,
+                            "token: this kernel path needs a multiple of 16 (4 for scales)", spec.source,
                             spec.span_of("cache"))
     sources = _sources(spec, tensors)
     key_runs, value_runs = _runs(spec, spec.key, sources), _runs(spec, spec.value, sources)

@@ -36,7 +36,9 @@ def _token_span(token: lark.Token) -> Span:
 
 @lru_cache(maxsize=1)
 def _parser() -> lark.Lark:
-    return lark.Lark.open(str(GRAMMAR_DIR / "attn.lark"), parser="lalr",
+    # cache=True keeps the LALR tables in the temp dir, keyed by the grammar's hash:
+    # building them costs ~0.15 s, a quarter of loading an already built kernel
+    return lark.Lark.open(str(GRAMMAR_DIR / "attn.lark"), parser="lalr", cache=True,
                           propagate_positions=True, maybe_placeholders=True)
 
 

@@ -6,8 +6,6 @@ import hashlib
 import json
 from functools import lru_cache
 
-import jinja2
-
 from .lower import Plan
 from .resources import TEMPLATES_DIR
 
@@ -16,7 +14,9 @@ INCLUDE_DIR = TEMPLATES_DIR / "include"
 
 
 @lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
+def _environment():
+    import jinja2  # only when rendering: loading an already built kernel needs no templates
+
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 

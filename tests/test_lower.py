@@ -1,0 +1,681 @@
+"""Lowering (attncc/lower.py): checked spec + schedule -> kernel plan, on CPU.
+
+The plan must obey the constraints documented at the top of
+templates/include/attncc/decode.cuh (re-implemented here independently, as is its
+shared-memory formula), stage every cache run once, honour the schedule's knobs, and
+turn an impossible schedule into a positioned SpecError at the knob."""
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import attncc
+from attncc import lower as lowering
+from attncc.lower import DecodeMetadata, Plan, UnsupportedSpec, num_splits
+
+from specs import EXTRA
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "examples").glob("*.attn"))
+SMEM_CAP = 232448  # decode.cuh: kSmemLimitBytes, the largest dynamic smem of a CTA on sm_90
+
+
+def compile_quiet(source):
+    """attncc.compile without the `seesaw`/`crossover` "not yet applied" warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return attncc.compile(source)
+
+
+def example(name: str):
+    return compile_quiet(REPO / "examples" / f"{name}.attn")
+
+
+def with_schedule(text: str, name: str, *knobs: str) -> str:
+    return text + f"\nschedule {name} {{\n" + "".join(f"    {k}\n" for k in knobs) + "}\n"
+
+
+GQA8_TEXT = (REPO / "examples" / "gqa8.attn").read_text()
+MLA_ATTENTION = (REPO / "examples" / "mla.attn").read_text().split("schedule mla")[0]
+
+
+# --- an independent statement of decode.cuh's constraints and shared-memory formula -------
+
+FP8 = ("e4m3", "e5m2")
+
+
+def pitch(width: int) -> int:
+    """pitch(w) = 2 * 8 * c', c = w / 8 chunks; c' = c if c % 8 == 0 or c odd, else c + 1."""
+    c = width // 8
+    c2 = c if (c % 8 == 0 or c % 2 == 1) else c + 1
+    return 2 * 8 * c2
+
+
+def pad16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def expected_smem(plan: Plan) -> int:
+    raw = any(s.dtype in FP8 for s in plan.sources)
+    raw_pitch = 0
+    for s in plan.sources:
+        elem_bytes = 1 if s.dtype in FP8 else 2
+        scales = 0
+        if s.dtype in FP8:
+            g = s.scale.group
+            scales = (s.seg_lo + s.width - 1) // g - s.seg_lo // g + 1
+        raw_pitch += pad16(s.width * elem_bytes) + pad16(scales * 4)
+    wn = plan.warps // (plan.tile_m // plan.warp_rows)
+    q = plan.tile_m * pitch(plan.d_k)
+    staged = (1 if raw else plan.stages) * plan.tile_n * pitch(plan.staged_width)
+    raw_bytes = plan.stages * plan.tile_n * raw_pitch if raw else 0
+    p = plan.tile_m * pitch(plan.tile_n)
+    slots = (plan.stages + 1) * plan.tile_n * 4
+    red = wn * plan.tile_m * 4
+    return q + staged + raw_bytes + p + slots + red
+
+
+def layout_legal(wr, tile_m, tile_n, warps, d_v) -> bool:
+    if tile_m % wr:
+        return False
+    wm = tile_m // wr
+    if warps % wm:
+        return False
+    wn = warps // wm
+    return (tile_n % (8 * wn) == 0 and d_v % (16 * wn) == 0 and tile_n <= 32 * warps
+            and wr * (d_v // wn) // 32 <= 128 and wr * (tile_n // wn) // 32 <= 32)
+
+
+def assert_legal(plan: Plan) -> None:
+    """Every constraint of decode.cuh's header comment (and its static_asserts)."""
+    assert plan.elem in ("bf16", "fp16")
+    assert plan.d_k % 16 == 0 and plan.d_v % 16 == 0
+    for runs, width in ((plan.key_runs, plan.d_k), (plan.value_runs, plan.d_v)):
+        assert sum(w for _, w in runs) == width
+        for col, w in runs:
+            assert col % 8 == 0 and w % 8 == 0 and w > 0
+            assert col + w <= plan.staged_width
+    assert plan.staged_width % 8 == 0
+    assert plan.staged_width == sum(s.width for s in plan.sources)
+    strides = [t.token_stride_bytes for t in plan.tensors]
+    assert 1 <= len(plan.tensors) <= 8
+    col = 0
+    for s in plan.sources:
+        assert s.smem_col == col, "sources are staged back to back in record order"
+        col += s.width
+        assert s.smem_col % 8 == 0 and s.smem_col + s.width <= plan.staged_width
+        elem_bytes = 1 if s.dtype in FP8 else 2
+        assert s.offset_bytes % 16 == 0
+        assert s.head_stride_bytes % 16 == 0
+        assert strides[s.tensor] % 16 == 0
+        assert (s.width * elem_bytes) % 16 == 0
+        if s.dtype in FP8:
+            assert s.scale is not None
+            assert s.seg_lo % 16 == 0 and s.scale.group % 16 == 0
+            assert s.scale.offset_bytes % 4 == 0 and s.scale.head_stride_bytes % 4 == 0
+            assert strides[s.scale.tensor] % 4 == 0
+        else:
+            assert s.scale is None
+            assert s.dtype == plan.elem
+    assert 2 <= plan.stages <= 8
+    assert plan.warps in (4, 8, 16)
+    assert plan.tile_m % 16 == 0 and plan.tile_n % 16 == 0
+    assert plan.tile_n <= plan.warps * 32
+    assert plan.warp_rows in (16, 32)
+    assert layout_legal(plan.warp_rows, plan.tile_m, plan.tile_n, plan.warps, plan.d_v)
+    assert plan.tile_m // plan.warp_rows <= 15  # one named barrier per row group
+    # lowering claims the legal warp_rows with the fewest shared-memory reads (16 on a tie)
+    def reads(wr):
+        wm = plan.tile_m // wr
+        wn = plan.warps // wm
+        return (wn * plan.tile_m * plan.d_k + wm * plan.tile_n * plan.d_k
+                + wn * plan.tile_m * plan.tile_n + wm * plan.tile_n * plan.d_v)
+    legal = [wr for wr in (16, 32) if layout_legal(wr, plan.tile_m, plan.tile_n, plan.warps, plan.d_v)]
+    assert plan.warp_rows == min(legal, key=lambda wr: (reads(wr), wr))
+    assert plan.smem_bytes == expected_smem(plan)
+    assert plan.smem_bytes <= SMEM_CAP
+    assert plan.smem_bytes <= lowering.SMEM_LIMIT[plan.target]
+
+
+def staged_columns(plan: Plan, runs) -> list[tuple[str, int]]:
+    """(segment, index in segment) of every staged column a run list reads."""
+    where = {}
+    for s in plan.sources:
+        for i in range(s.width):
+            where[s.smem_col + i] = (s.segment, s.seg_lo + i)
+    return [where[c] for col, w in runs for c in range(col, col + w)]
+
+
+def spec_columns(pieces) -> list[tuple[str, int]]:
+    return [(p.segment, i) for p in pieces for i in range(p.lo, p.hi)]
+
+
+ALL_SPECS = {p.stem: p for p in EXAMPLES} | EXTRA
+
+
+@pytest.mark.parametrize("name", list(ALL_SPECS))
+def test_plan_is_legal_and_reads_the_spec(name):
+    k = compile_quiet(ALL_SPECS[name])
+    plan = k.plan
+    assert_legal(plan)
+    spec = k.spec
+    # key and value, as staged columns, are exactly the spec's concatenations
+    assert staged_columns(plan, plan.key_runs) == spec_columns(spec.key)
+    assert staged_columns(plan, plan.value_runs) == spec_columns(spec.value)
+    # each cache element is staged at most once (MLA's latent feeds both products)
+    staged = staged_columns(plan, [(0, plan.staged_width)])
+    assert len(staged) == len(set(staged))
+    assert set(staged) == set(spec_columns(spec.key)) | set(spec_columns(spec.value))
+    # numbers straight from the spec
+    assert (plan.heads_q, plan.heads_kv, plan.group) == (spec.heads_q, spec.heads_kv, spec.group)
+    assert (plan.d_k, plan.d_v, plan.page_size) == (spec.d_k, spec.d_v, spec.page_size)
+    assert (plan.max_sq, plan.causal, plan.sparse, plan.topk) == (
+        spec.max_query_len, spec.causal, spec.sparse, spec.topk)
+    assert plan.num_sms == lowering.NUM_SMS[plan.target]
+    # one tensor per storage tensor, token strides as DESIGN.md §2 lays them out
+    layouts = attncc.storage.tensor_layouts(spec, 1)
+    assert [t.name for t in plan.tensors] == list(layouts)
+    for t in plan.tensors:
+        shape, dtype = layouts[t.name]
+        assert t.token_stride_bytes == math.prod(shape[2:]) * dtype.itemsize
+
+
+def test_plan_canonical_json_round_trips():
+    import json
+
+    plan = example("mla_fp8_sparse").plan
+    data = json.loads(plan.canonical_json())
+    assert data == json.loads(json.dumps(plan.template_dict()))
+    assert data["name"] == "mla_fp8_sparse" and data["sources"][0]["scale"]["group"] == 128
+
+
+# --- sources per variant --------------------------------------------------------------
+
+def source(plan, segment):
+    found = [s for s in plan.sources if s.segment == segment]
+    assert len(found) == 1, plan.sources
+    return found[0]
+
+
+def test_mla_latent_and_rope_staged_once_value_overlaps_key():
+    plan = example("mla").plan
+    assert [s.segment for s in plan.sources] == ["latent", "rope"]
+    latent, rope = source(plan, "latent"), source(plan, "rope")
+    assert (latent.tensor, latent.offset_bytes, latent.width, latent.seg_lo, latent.smem_col) == (0, 0, 512, 0, 0)
+    assert (rope.tensor, rope.offset_bytes, rope.width, rope.seg_lo, rope.smem_col) == (0, 1024, 64, 0, 512)
+    assert plan.staged_width == 576
+    assert plan.key_runs == ((0, 576),)
+    assert plan.value_runs == ((0, 512),)
+    assert plan.tensors[0].token_stride_bytes == 1152
+    assert latent.scale is None and rope.scale is None
+
+
+def test_gqa_k_and_v_sources_side_by_side():
+    plan = example("gqa8").plan
+    k, v = source(plan, "k"), source(plan, "v")
+    assert (k.offset_bytes, k.head_stride_bytes, k.width, k.smem_col) == (0, 256, 128, 0)
+    assert (v.offset_bytes, v.head_stride_bytes, v.width, v.smem_col) == (8 * 256, 256, 128, 128)
+    assert plan.key_runs == ((0, 128),) and plan.value_runs == ((128, 128),)
+    assert plan.staged_width == 256
+    assert plan.tensors[0].token_stride_bytes == 8 * 2 * 256
+
+
+def test_mqa_k_and_v_sources():
+    plan = example("mqa").plan
+    assert (source(plan, "v").offset_bytes, source(plan, "v").smem_col) == (256, 128)
+    assert plan.key_runs == ((0, 128),) and plan.value_runs == ((128, 128),)
+
+
+def test_gta4_key_runs_skip_the_rotated_half():
+    plan = example("gta4").plan
+    tied, rope = source(plan, "tied"), source(plan, "rope")
+    assert (tied.width, tied.smem_col, tied.head_stride_bytes) == (128, 0, 256)
+    assert (rope.width, rope.smem_col, rope.head_stride_bytes, rope.offset_bytes) == (64, 128, 0, 4 * 256)
+    assert [list(r) for r in plan.key_runs] == [[0, 64], [128, 64]]
+    assert [list(r) for r in plan.value_runs] == [[0, 128]]
+    assert plan.d_k == 128 and plan.d_v == 128
+
+
+def test_gla2_rope_is_shared_with_head_stride_zero():
+    plan = example("gla2").plan
+    latent, rope = source(plan, "latent"), source(plan, "rope")
+    assert latent.head_stride_bytes == 512 and latent.offset_bytes == 0
+    assert rope.head_stride_bytes == 0 and rope.offset_bytes == 2 * 512
+    assert plan.key_runs == ((0, 320),) and plan.value_runs == ((0, 256),)
+    assert plan.tensors[0].token_stride_bytes == 2 * 512 + 128
+
+
+def test_fp8_scales_follow_their_values():
+    plan = example("mla_fp8_sparse").plan
+    latent, rope = source(plan, "latent"), source(plan, "rope")
+    assert latent.dtype == "e4m3" and plan.elem == "bf16"
+    assert latent.scale is not None
+    assert (latent.scale.tensor, latent.scale.offset_bytes, latent.scale.group) == (0, 512, 128)
+    assert latent.scale.head_stride_bytes == latent.head_stride_bytes == 512 + 4 * 4
+    assert rope.offset_bytes == 528 and rope.scale is None
+    assert plan.tensors[0].token_stride_bytes == 656  # FlashMLA's 656 bytes/token
+    assert plan.sparse and plan.topk == 2048
+
+
+def test_fp8_per_64_has_eight_scales_per_head():
+    plan = compile_quiet(EXTRA["mla_fp8_per64"]).plan
+    latent = source(plan, "latent")
+    assert latent.scale.group == 64 and latent.scale.offset_bytes == 512
+    assert latent.head_stride_bytes == 512 + 8 * 4
+    assert source(plan, "rope").offset_bytes == 544
+    assert plan.tensors[0].token_stride_bytes == 544 + 128
+
+
+SEPARATE_FP8 = """
+attention sep_fp8 {
+    heads q = 16, kv = 2
+    cache paged(16) separate {
+        c: e5m2[256] scale fp32 per 64
+        r: bf16[64] shared
+    }
+    key   = c ++ r
+    value = c
+}
+"""
+
+
+def test_separate_storage_one_tensor_per_segment_plus_scales():
+    plan = compile_quiet(SEPARATE_FP8).plan
+    assert [(t.name, t.token_stride_bytes) for t in plan.tensors] == [
+        ("c", 2 * 256), ("c_scale", 2 * 4 * 4), ("r", 64 * 2)]
+    c, r = source(plan, "c"), source(plan, "r")
+    assert (c.tensor, c.offset_bytes, c.head_stride_bytes) == (0, 0, 256)
+    assert (c.scale.tensor, c.scale.offset_bytes, c.scale.head_stride_bytes, c.scale.group) == (1, 0, 16, 64)
+    assert (r.tensor, r.offset_bytes, r.head_stride_bytes, r.scale) == (2, 0, 0, None)
+    assert plan.key_runs == ((0, 320),) and plan.value_runs == ((0, 256),)
+
+
+def test_scale_tensor_needs_only_a_4_byte_token_stride():
+    """decode.cuh asks the scale tensor's token stride to be a multiple of 4 (scales are
+    copied 4 bytes at a time); 2 scales per token (8 bytes) is a valid separate layout."""
+    text = """
+attention sep_two_scales {
+    heads q = 16, kv = 1
+    cache paged(16) separate {
+        c: e4m3[256] scale fp32 per 128
+        r: bf16[64]
+    }
+    key   = c ++ r
+    value = c
+}
+"""
+    plan = compile_quiet(text).plan
+    assert [(t.name, t.token_stride_bytes) for t in plan.tensors] == [("c", 256), ("c_scale", 8), ("r", 128)]
+    assert_legal(plan)
+
+
+def test_separate_bf16_gqa():
+    plan = compile_quiet(EXTRA["gqa8_separate"]).plan
+    assert [(t.name, t.token_stride_bytes) for t in plan.tensors] == [("k", 8 * 256), ("v", 8 * 256)]
+    k, v = source(plan, "k"), source(plan, "v")
+    assert (k.tensor, k.offset_bytes, k.head_stride_bytes) == (0, 0, 256)
+    assert (v.tensor, v.offset_bytes, v.head_stride_bytes) == (1, 0, 256)
+
+
+def test_partial_slice_stages_only_what_is_read():
+    text = """
+attention part {
+    heads q = 8, kv = 2
+    cache paged(16) {
+        big: bf16[256]
+    }
+    key   = big[32:96]
+    value = big[128:192]
+}
+"""
+    plan = compile_quiet(text).plan
+    assert [(s.seg_lo, s.width, s.smem_col) for s in plan.sources] == [(32, 64, 0), (128, 64, 64)]
+    assert [s.offset_bytes for s in plan.sources] == [64, 256]
+    assert plan.key_runs == ((0, 64),) and plan.value_runs == ((64, 64),)
+    assert_legal(plan)
+
+
+# --- schedule knobs -------------------------------------------------------------------
+
+def test_schedule_knobs_honoured():
+    k = compile_quiet(with_schedule(GQA8_TEXT, "gqa8", "tile q = 32, kv = 32", "stages 3", "split_kv 4"))
+    plan = k.plan
+    assert (plan.tile_m, plan.tile_n, plan.stages, plan.split_kv) == (32, 32, 3, 4)
+    assert_legal(plan)
+
+
+def test_split_kv_off_and_target_sm80():
+    plan = compile_quiet(with_schedule(GQA8_TEXT, "gqa8", "split_kv off", "target sm80")).plan
+    assert plan.split_kv == "off" and plan.target == "sm80" and plan.num_sms == 108
+    assert_legal(plan)
+
+
+def test_sm80_target_fits_its_smaller_shared_memory():
+    plan = compile_quiet(MLA_ATTENTION + "schedule mla {\n    target sm80\n}\n").plan
+    assert plan.smem_bytes <= lowering.SMEM_LIMIT["sm80"] == 163 * 1024
+    assert_legal(plan)
+
+
+def test_mla_example_schedule():
+    plan = example("mla").plan
+    assert (plan.tile_m, plan.tile_n, plan.stages, plan.split_kv) == (64, 64, 2, "auto")
+
+
+def knob_line(text: str, knob: str) -> tuple[int, int]:
+    for number, line in enumerate(text.split("\n"), 1):
+        stripped = line.lstrip()
+        if stripped.startswith(knob):
+            return number, len(line) - len(stripped) + 1
+    raise AssertionError(knob)
+
+
+@pytest.mark.parametrize("knobs, knob, words", [
+    (("tile q = 24, kv = 64",), "tile", "tile q = 24"),
+    (("tile q = 80, kv = 64",), "tile", "tile q = 80"),
+    (("tile q = 64, kv = 200",), "tile", "tile kv = 200"),
+    (("tile q = 64, kv = 24",), "tile", "tile kv = 24"),
+    (("stages 1",), "stages", "stages 1"),
+    (("stages 9",), "stages", "stages 9"),
+])
+def test_impossible_schedule_is_an_error_at_the_knob(knobs, knob, words):
+    text = with_schedule(MLA_ATTENTION, "mla", "split_kv auto", *knobs)
+    with pytest.raises(attncc.SpecError) as info:
+        attncc.compile(text)
+    exc = info.value
+    assert not isinstance(exc, UnsupportedSpec)
+    line, col = knob_line(text, knob)
+    assert (exc.span.line, exc.span.column) == (line, col)
+    assert str(exc).startswith(f"<string>:{line}:{col}: ")
+    assert words in exc.message
+    assert "^" in str(exc)
+
+
+def test_tile_overflowing_shared_memory_is_an_error_at_a_knob():
+    text = with_schedule(MLA_ATTENTION, "mla", "tile q = 64, kv = 128", "stages 4")
+    with pytest.raises(attncc.SpecError) as info:
+        attncc.compile(text)
+    exc = info.value
+    tile, stages = knob_line(text, "tile"), knob_line(text, "stages")
+    assert (exc.span.line, exc.span.column) in (tile, stages)
+    assert str(exc).startswith(f"<string>:{exc.span.line}:{exc.span.column}: ")
+    assert "shared memory" in exc.message and str(SMEM_CAP) in exc.message
+
+
+def test_deep_pipeline_shrinks_the_default_tile():
+    plan = compile_quiet(with_schedule(MLA_ATTENTION, "mla", "stages 8")).plan
+    assert plan.stages == 8 and plan.tile_n < 64
+    assert_legal(plan)
+
+
+def test_too_many_stages_for_any_tile_is_an_error_at_stages():
+    text = with_schedule(MLA_ATTENTION, "mla", "target sm80", "stages 8")
+    with pytest.raises(attncc.SpecError) as info:
+        attncc.compile(text)
+    line, col = knob_line(text, "stages")
+    assert (info.value.span.line, info.value.span.column) == (line, col)
+    assert "shared memory" in info.value.message
+
+
+def test_every_tile_q_the_error_message_offers_is_accepted():
+    """The `tile q` error lists the row counts the kernel path takes: each must work."""
+    with pytest.raises(attncc.SpecError) as info:
+        attncc.compile(with_schedule(GQA8_TEXT, "gqa8", "tile q = 24, kv = 64"))
+    offered = [int(n) for n in re.findall(r"\b(\d+)\b", info.value.message.split(":", 1)[1])
+               if int(n) % 16 == 0 and 16 <= int(n) <= 64]
+    assert offered, info.value.message
+    for rows in offered:
+        plan = compile_quiet(with_schedule(GQA8_TEXT, "gqa8", f"tile q = {rows}, kv = 64")).plan
+        assert plan.tile_m == rows
+        assert_legal(plan)
+
+
+# --- specs the kernel path cannot take ------------------------------------------------
+
+NARROW = """
+attention narrow {
+    heads q = 4, kv = 2
+    cache paged(4) {
+        k: bf16[8]
+        v: bf16[8]
+    }
+    key   = k
+    value = v
+}
+"""
+
+
+def test_width_not_multiple_of_16_compiles_runs_on_cpu_and_plan_raises():
+    k = attncc.compile(NARROW)  # no error: the reference can run it
+    cache = k.new_cache(2, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    k.write_cache(cache, torch.arange(6), k=torch.randn(6, 2, 8, generator=gen),
+                  v=torch.randn(6, 2, 8, generator=gen))
+    q = torch.randn(1, 1, 4, 8, generator=gen).to(torch.bfloat16)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    seqlens = torch.tensor([6], dtype=torch.int32)
+    out, lse = k(q, cache, table, seqlens)
+    ref_out, ref_lse = attncc.reference.attention(k.spec, q, cache, table, seqlens)
+    assert out.shape == (1, 1, 4, 8) and out.dtype == torch.bfloat16
+    assert torch.equal(out, ref_out.to(torch.bfloat16)) and torch.equal(lse, ref_lse)
+    for access in (lambda: k.plan, lambda: k.op):
+        with pytest.raises(attncc.SpecError) as info:
+            access()
+        key_line = NARROW.split("\n").index("    key   = k") + 1
+        assert str(info.value).startswith(f"<string>:{key_line}:5: ")
+        assert "multiple of 16" in info.value.message and "8" in info.value.message
+    assert "plan: none on this kernel path" in k.explain()
+
+
+def test_misaligned_slice_is_unsupported_but_valid():
+    text = """
+attention odd {
+    heads q = 4, kv = 1
+    cache paged(4) {
+        c: bf16[64]
+    }
+    key   = c[4:36]
+    value = c[0:32]
+}
+"""
+    k = attncc.compile(text)
+    with pytest.raises(UnsupportedSpec) as info:
+        k.plan
+    assert info.value.span is not None and "16 bytes" in info.value.message
+
+
+def test_unsupported_spec_with_a_schedule_still_compiles():
+    text = with_schedule(NARROW, "narrow", "tile q = 16, kv = 64")
+    k = attncc.compile(text)
+    with pytest.raises(UnsupportedSpec):
+        k.plan
+
+
+SMALL_MLA = """
+attention small_mla {
+    heads q = 4, kv = 1
+    cache paged(4) {
+        latent: bf16[32]
+        rope:   bf16[16]
+    }
+    key   = latent ++ rope
+    value = latent
+}
+"""
+
+
+def test_small_value_width_gets_a_legal_tile():
+    """d_k 48, d_v 32 and 4 query heads meet every width/alignment rule; a legal layout
+    exists (tile 32 x 64, 4 warps of 16 rows: WM 2, WN 2), so lowering must find one
+    instead of reporting that no schedule fits."""
+    k = attncc.compile(SMALL_MLA)
+    assert_legal(k.plan)
+
+
+# --- seesaw / crossover ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name, knob", [("mla", "seesaw"), ("mla_fp8_sparse", "crossover")])
+def test_hopper_knobs_warn_not_yet_applied(name, knob):
+    with pytest.warns(UserWarning, match="not yet applied") as record:
+        k = attncc.compile(REPO / "examples" / f"{name}.attn")
+    messages = [str(w.message) for w in record if "not yet applied" in str(w.message)]
+    assert any(f"`{knob}`" in m for m in messages), messages
+    assert all(w.filename == __file__ for w in record if "not yet applied" in str(w.message)), \
+        "the warning points at the caller of attncc.compile"
+    assert k.plan.not_applied == (knob,)
+    lines = [line for line in k.explain().splitlines() if "not yet applied" in line]
+    assert len(lines) == 1 and f"`{knob}`" in lines[0]
+
+
+def test_no_warning_without_hopper_knobs():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        k = attncc.compile(REPO / "examples" / "gqa8.attn")
+    assert k.plan.not_applied == ()
+    assert "not yet applied" not in k.explain()
+
+
+# --- num_splits and k.plan(seqlens) ---------------------------------------------------
+
+def test_num_splits_off_is_one():
+    plan = compile_quiet(with_schedule(GQA8_TEXT, "gqa8", "split_kv off")).plan
+    for batch, kv in [(1, 1), (1, 100_000), (64, 8192)]:
+        assert num_splits(plan, batch, 1, kv, 132) == 1
+
+
+def test_num_splits_fixed_is_capped_by_tiles():
+    plan = compile_quiet(with_schedule(GQA8_TEXT, "gqa8", "split_kv 4")).plan
+    n = plan.tile_n
+    assert num_splits(plan, 1, 1, 1, 132) == 1
+    assert num_splits(plan, 1, 1, n, 132) == 1
+    assert num_splits(plan, 1, 1, n + 1, 132) == 2
+    assert num_splits(plan, 1, 1, 3 * n, 132) == 3
+    assert num_splits(plan, 1, 1, 100 * n, 132) == 4
+    assert num_splits(plan, 1000, 1, 100 * n, 132) == 4  # fixed: whatever the batch
+    assert num_splits(plan, 1, 1, 0, 132) == 1
+
+
+def units(plan, batch, s_q):
+    rows = plan.group * (1 if plan.sparse else s_q)
+    return batch * (s_q if plan.sparse else 1) * plan.heads_kv * math.ceil(rows / plan.tile_m)
+
+
+@pytest.mark.parametrize("name", ["gqa8", "mla", "gla2", "mqa"])
+def test_num_splits_auto_fills_the_sms(name):
+    plan = example(name).plan
+    for batch in (1, 2, 3, 8):
+        for sms in (108, 132):
+            splits = num_splits(plan, batch, 1, 1 << 16, sms)
+            ctas = units(plan, batch, 1)
+            assert splits * ctas >= sms, (batch, sms, splits)
+            assert (splits - 1) * ctas < sms, "no more splits than it takes to fill the SMs"
+    # a full machine from batch alone: no split
+    assert num_splits(plan, 1024, 1, 1 << 16, 132) == 1
+
+
+@pytest.mark.parametrize("kv", [0, 1, 17, 64, 200, 255])
+@pytest.mark.parametrize("name", ["gqa8", "mla", "mla_fp8_sparse"])
+def test_num_splits_auto_never_splits_under_256_tokens(name, kv):
+    plan = example(name).plan
+    assert num_splits(plan, 1, 1, kv, 132) == 1
+
+
+@given(kv=st.integers(1, 20_000), batch=st.integers(1, 8), s_q=st.integers(1, 2))
+@settings(max_examples=300, deadline=None)
+def test_num_splits_auto_splits_hold_at_least_256_tokens(kv, batch, s_q):
+    """lower.num_splits: 'never so many that a split holds fewer than
+    MIN_TOKENS_PER_SPLIT tokens' (on average: kv / splits >= 256)."""
+    plan = example("mla").plan
+    splits = num_splits(plan, batch, s_q, kv, 132)
+    assert splits >= 1
+    if splits > 1:
+        assert kv / splits >= lowering.MIN_TOKENS_PER_SPLIT, (kv, splits)
+
+
+def test_plan_call_depends_on_the_longest_sequence():
+    k = example("gqa8")
+    short = k.plan([100, 200, 7])
+    assert isinstance(short, DecodeMetadata)
+    assert short.longest == 200 and short.num_splits == 1
+    long = k.plan(torch.tensor([100, 8192, 7], dtype=torch.int32))
+    assert long.longest == 8192
+    assert long.num_splits == num_splits(k.plan, 3, 1, 8192, k.plan.num_sms) > 1
+    # the same batch and heads, only the longest length differs
+    assert k.plan([8192, 100, 7]) == long
+    assert k.plan([8192, 100, 7], num_sms=8).num_splits <= long.num_splits
+    assert k.plan([]) == DecodeMetadata(1, 0)
+
+
+def test_plan_call_sparse_uses_topk():
+    k = example("mla_fp8_sparse")
+    meta = k.plan([1, 2])
+    assert meta.longest == 2048
+    assert meta.num_splits == num_splits(k.plan, 2, 1, 2048, k.plan.num_sms)
+
+
+# --- properties over random specs -----------------------------------------------------
+
+@st.composite
+def random_specs(draw):
+    kind = draw(st.sampled_from(["gqa", "mla", "gla", "gta"]))
+    heads_kv = draw(st.sampled_from([1, 2, 4, 8]))
+    group = draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]))
+    page = draw(st.sampled_from([1, 3, 16, 64]))
+    sq = draw(st.integers(1, 4))
+    sparse = draw(st.booleans()) and kind != "gqa"
+    causal = (not sparse) and draw(st.booleans())
+    separate = draw(st.booleans())
+    dtype = draw(st.sampled_from(["bf16", "fp16"]))
+    fp8 = kind in ("mla", "gla") and draw(st.booleans())
+    w = draw(st.sampled_from([16, 32, 64, 128, 256, 512]))
+    r = draw(st.sampled_from([16, 32, 64]))
+    if kind == "gqa":
+        segs = f"k: {dtype}[{w}]\n v: {dtype}[{w}]"
+        key, value = "k", "v"
+    elif kind == "gta":
+        segs = f"tied: {dtype}[{w}]\n rope: {dtype}[{w // 2}] shared"
+        key, value = f"tied[0:{w // 2}] ++ rope", "tied"
+    else:
+        shared = " shared" if kind == "gla" else ""
+        if fp8:
+            per = draw(st.sampled_from([16, 32, 64, 128]).filter(lambda n: w % n == 0))
+            segs = f"latent: e4m3[{w}] scale fp32 per {per}\n rope: {dtype}[{r}]{shared}"
+        else:
+            segs = f"latent: {dtype}[{w}]\n rope: {dtype}[{r}]{shared}"
+        key, value = "latent ++ rope", "latent"
+    body = (f"attention rnd {{\n heads q = {heads_kv * group}, kv = {heads_kv}\n"
+            f" cache paged({page}){' separate' if separate else ''} {{\n {segs}\n }}\n"
+            f" key = {key}\n value = {value}\n query len <= {sq}{' causal' if causal else ''}\n"
+            + (f" tokens topk {draw(st.sampled_from([64, 2048]))}\n" if sparse else "") + "}\n")
+    knobs = []
+    if draw(st.booleans()):
+        knobs.append(f"tile q = {draw(st.sampled_from([16, 32, 64]))}, "
+                     f"kv = {draw(st.sampled_from([16, 32, 64, 128]))}")
+    if draw(st.booleans()):
+        knobs.append(f"stages {draw(st.integers(2, 6))}")
+    if draw(st.booleans()):
+        knobs.append("target sm80")
+    if knobs:
+        body = with_schedule(body, "rnd", *knobs)
+    return body
+
+
+@given(text=random_specs())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_specs_lower_to_legal_plans_or_positioned_errors(text):
+    try:
+        k = attncc.compile(text)
+        plan = k.plan
+    except attncc.SpecError as exc:
+        assert exc.span is not None, str(exc)
+        assert str(exc).startswith(f"<string>:{exc.span.line}:{exc.span.column}: ")
+        return
+    assert_legal(plan)
+    assert staged_columns(plan, plan.key_runs) == spec_columns(k.spec.key)
+    assert staged_columns(plan, plan.value_runs) == spec_columns(k.spec.value)

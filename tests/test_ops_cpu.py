@@ -1,0 +1,287 @@
+"""k.op as a torch.library custom op, on CPU: its name, registration once per checked
+spec, opcheck, torch.compile(fullgraph=True) and the fake (meta) implementation."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+import attncc
+from attncc import reference, testing
+from attncc.ops import cache_list
+
+MLA_SMALL = """
+attention mla_small {
+    heads q = 4, kv = 1
+    cache paged(4) {
+        latent: bf16[64]
+        rope:   bf16[32]
+    }
+    key   = latent ++ rope
+    value = latent
+    query len <= 2 causal
+    scale 0.125
+}
+"""
+
+GQA_SMALL = """
+attention gqa_small {
+    heads q = 8, kv = 2
+    cache paged(4) {
+        k: fp16[64]
+        v: fp16[64]
+    }
+    key   = k
+    value = v
+    query len <= 2
+}
+"""
+
+SPARSE_SMALL = """
+attention sparse_small {
+    heads q = 4, kv = 1
+    cache paged(4) {
+        latent: e4m3[64] scale fp32 per 16
+        rope:   bf16[32]
+    }
+    key   = latent ++ rope
+    value = latent
+    tokens topk 6
+    query len <= 2
+}
+"""
+
+SEPARATE_SMALL = """
+attention separate_small {
+    heads q = 8, kv = 2
+    cache paged(4) separate {
+        latent: e5m2[64] scale fp32 per 16
+        rope:   bf16[32] shared
+    }
+    key   = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}
+"""
+
+SEPARATE_BF16 = """
+attention separate_bf16 {
+    heads q = 8, kv = 2
+    cache paged(4) separate {
+        latent: bf16[64]
+        rope:   bf16[32] shared
+    }
+    key   = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}
+"""
+
+SPECS = {"mla": MLA_SMALL, "gqa": GQA_SMALL, "sparse": SPARSE_SMALL, "separate": SEPARATE_SMALL,
+         "separate_bf16": SEPARATE_BF16}
+
+
+def op_args(k, lengths=(5, 9, 0), s_q=2, seed=1, scale=None):
+    case = testing.random_case(k.spec, list(lengths), s_q, device="cpu", seed=seed)
+    scale = float(k.spec.softmax_scale if scale is None else scale)
+    return case, (case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                  case.indices, scale, 0)
+
+
+@pytest.mark.parametrize("which", list(SPECS))
+def test_op_name_is_torch_ops_attncc_name_hash(which):
+    k = attncc.compile(SPECS[which])
+    assert k.plan is not None  # these specs take the kernel path
+    op = k.op
+    qualname = f"{k.name}_{k.spec.digest[:12]}"
+    assert re.fullmatch(rf"{k.name}_[0-9a-f]{{12}}", qualname)
+    packet = getattr(torch.ops.attncc, qualname)
+    assert packet.default is op._opoverload
+    assert str(packet.default).startswith(f"attncc.{qualname}")
+    schema = str(packet.default._schema)
+    assert schema.startswith(f"attncc::{qualname}(Tensor q, Tensor[] cache, Tensor? block_table, "
+                             "Tensor? seqlens, Tensor? indices, float scale, SymInt num_splits)") or \
+        schema.startswith(f"attncc::{qualname}(Tensor q, Tensor[] cache, Tensor? block_table, "
+                          "Tensor? seqlens, Tensor? indices, float scale, int num_splits)"), schema
+    assert schema.endswith("-> (Tensor, Tensor)")
+
+
+def test_same_spec_twice_is_the_same_op():
+    first = attncc.compile(MLA_SMALL)
+    second = attncc.compile(MLA_SMALL)
+    assert second is not first and second.op is first.op
+    # whitespace and comments do not change the checked spec
+    reformatted = attncc.compile("# the same spec\n" + MLA_SMALL.replace("    ", "\t") + "\n\n")
+    assert reformatted.op is first.op
+    case, args = op_args(first)
+    out1, lse1 = first.op(*args)
+    out2, lse2 = second(case.q, case.cache, case.block_table, case.seqlens)
+    assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
+
+
+def test_edited_spec_is_another_op():
+    before = attncc.compile(MLA_SMALL)
+    edited = attncc.compile(MLA_SMALL.replace("paged(4)", "paged(8)"))
+    rescaled = attncc.compile(MLA_SMALL.replace("scale 0.125", "scale 0.25"))
+    names = {before.op._qualname, edited.op._qualname, rescaled.op._qualname}
+    assert len(names) == 3, names
+    assert all(n.startswith("attncc::mla_small_") for n in names)
+    # both still run, each with its own layout and scale
+    for k in (before, edited, rescaled):
+        case, args = op_args(k)
+        out, lse = k.op(*args)
+        ref_out, ref_lse = reference.attention(k.spec, case.q, case.cache, case.block_table,
+                                               case.seqlens, case.indices)
+        assert torch.equal(out, ref_out.to(out.dtype)) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.parametrize("which", ["mla", "gqa", "sparse", "separate_bf16"])
+def test_opcheck_on_cpu(which):
+    k = attncc.compile(SPECS[which])
+    _, args = op_args(k)
+    result = torch.library.opcheck(k.op, args)
+    assert set(result) >= {"test_schema", "test_faketensor", "test_aot_dispatch_dynamic"}
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_opcheck_on_cpu_separate_fp8_tensors():
+    # torch's SchemaCheckMode (opcheck's test_schema) cannot compare float8 tensors
+    # ("mul_cpu_reduced_float" not implemented for 'Float8_e5m2'): every other check runs
+    k = attncc.compile(SEPARATE_SMALL)
+    _, args = op_args(k)
+    assert any(t.dtype == torch.float8_e5m2 for t in args[1])
+    result = torch.library.opcheck(k.op, args, test_utils=(
+        "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_opcheck_with_scale_and_splits():
+    k = attncc.compile(GQA_SMALL)
+    _, args = op_args(k, lengths=(1, 7), s_q=1, seed=3, scale=0.3)
+    args = args[:-1] + (3,)
+    torch.library.opcheck(k.op, args)
+
+
+@pytest.mark.parametrize("which", ["mla", "sparse", "separate"])
+def test_op_on_cpu_is_the_reference(which):
+    k = attncc.compile(SPECS[which])
+    case, args = op_args(k, seed=7)
+    out, lse = k.op(*args)
+    ref_out, ref_lse = reference.attention(k.spec, case.q, case.cache, case.block_table,
+                                           case.seqlens, case.indices)
+    assert out.dtype == case.q.dtype and lse.dtype == torch.float32
+    assert torch.equal(out, ref_out.to(out.dtype)) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.parametrize("which", ["mla", "sparse", "separate"])
+def test_torch_compile_fullgraph_matches_eager(which):
+    k = attncc.compile(SPECS[which])
+    op = k.op  # registered eagerly; see the *_first_use_* tests for the lazy case
+    case, args = op_args(k, seed=5)
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def step(q, cache, block_table, seqlens, indices):
+        out, lse = op(q, cache, block_table, seqlens, indices, args[5], 0)
+        return out, lse
+
+    got_out, got_lse = step(*args[:5])
+    out, lse = op(*args)
+    assert torch.equal(got_out, out) and torch.equal(got_lse, lse)
+    # through the registered name too
+    packet = getattr(torch.ops.attncc, f"{k.name}_{k.spec.digest[:12]}")
+    again = torch.compile(lambda *a: packet(*a), fullgraph=True)(*args)
+    assert torch.equal(again[0], out) and torch.equal(again[1], lse)
+
+
+def test_torch_compile_fullgraph_through_the_kernel_call():
+    k = attncc.compile(MLA_SMALL)
+    case, _ = op_args(k, seed=6)
+    eager = k(case.q, case.cache, case.block_table, case.seqlens)
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def step(q, cache, block_table, seqlens):
+        return k(q, cache, block_table, seqlens)
+
+    got = step(case.q, case.cache, case.block_table, case.seqlens)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+
+
+# A fresh Kernel whose first use is inside a compiled function: DESIGN.md §3 says k.op
+# "works under torch.compile"; nothing says it must be touched eagerly first.
+FRESH = MLA_SMALL.replace("attention mla_small", "attention mla_fresh")
+
+
+def test_torch_compile_fullgraph_first_use_of_op():
+    k = attncc.compile(FRESH.replace("mla_fresh", "mla_fresh_op"))
+    case, args = op_args(k, seed=8)
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def step(q, cache, block_table, seqlens, indices):
+        return k.op(q, cache, block_table, seqlens, indices, args[5], 0)
+
+    got = step(*args[:5])
+    ref = k.op(*args)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+def test_torch_compile_fullgraph_first_use_of_kernel_call():
+    k = attncc.compile(FRESH.replace("mla_fresh", "mla_fresh_call"))
+    case, _ = op_args(k, seed=9)
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def step(q, cache, block_table, seqlens):
+        return k(q, cache, block_table, seqlens)
+
+    got = step(case.q, case.cache, case.block_table, case.seqlens)
+    ref = reference.attention(k.spec, case.q, case.cache, case.block_table, case.seqlens)
+    assert torch.equal(got[0], ref[0].to(got[0].dtype)) and torch.equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize("which", list(SPECS))
+def test_fake_impl_shapes_and_dtypes(which):
+    k = attncc.compile(SPECS[which])
+    _, args = op_args(k, lengths=(3, 4, 5), s_q=2)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor)
+                else [mode.from_tensor(t) for t in a] if isinstance(a, list) else a
+                for a in args]
+        out, lse = k.op(*fake)
+        assert isinstance(out, FakeTensor) and isinstance(lse, FakeTensor)
+    spec = k.spec
+    assert tuple(out.shape) == (3, 2, spec.heads_q, spec.d_v)
+    assert out.dtype == args[0].dtype
+    assert tuple(lse.shape) == (3, spec.heads_q, 2) and lse.dtype == torch.float32
+
+
+def test_fake_impl_on_meta_tensors_follows_q():
+    k = attncc.compile(GQA_SMALL)
+    q = torch.empty(5, 1, 8, 64, dtype=torch.float16, device="meta")
+    cache = [torch.empty(9, 4, 2 * 2 * 64, dtype=torch.float16, device="meta")]
+    table = torch.empty(5, 3, dtype=torch.int32, device="meta")
+    seqlens = torch.empty(5, dtype=torch.int32, device="meta")
+    out, lse = k.op(q, cache, table, seqlens, None, 0.1, 0)
+    assert out.device.type == "meta" and tuple(out.shape) == (5, 1, 8, 64)
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32
+    assert tuple(lse.shape) == (5, 8, 1)
+
+
+def test_unsupported_spec_has_no_op():
+    k = attncc.compile("""
+attention narrow {
+    heads q = 4, kv = 2
+    cache paged(4) {
+        k: bf16[8]
+        v: bf16[8]
+    }
+    key   = k
+    value = v
+}
+""")
+    with pytest.raises(attncc.SpecError):
+        k.op
