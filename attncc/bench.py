@@ -52,11 +52,16 @@ def default_grid(spec: Spec) -> list[Config]:
 
 
 def variant(spec: Spec, heads_q: int, page_size: int) -> Spec:
-    """The spec with another head count and page size (a benchmark axis)."""
+    """The spec with another head count and page size (a benchmark axis). With another
+    head count the schedule's tile and stage knobs are dropped: the lowering picks them
+    for the new rows, as it would for a spec written with that head count."""
     if (heads_q, page_size) == (spec.heads_q, spec.page_size):
         return spec
+    schedule = spec.schedule
+    if heads_q != spec.heads_q:  # tile sizes were chosen for the spec's own head count
+        schedule = dataclasses.replace(schedule, tile_q=None, tile_kv=None, stages=None)
     return dataclasses.replace(spec, name=f"{spec.name}_h{heads_q}_p{page_size}",
-                               heads_q=heads_q, page_size=page_size)
+                               heads_q=heads_q, page_size=page_size, schedule=schedule)
 
 
 def measure_ceilings(device="cuda") -> dict:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from filelock import FileLock
 
 from . import __version__
 from .lower import Plan
@@ -200,6 +199,8 @@ def build(plan: Plan, arch: str | None = None, progress: bool = True) -> Path:
     final = root / key
     if (final / READY).exists():
         return final / LIBRARY
+    from filelock import FileLock  # ~80 ms to import: only when something must be built
+
     with FileLock(str(root / f"{key}.lock")):
         if (final / READY).exists():  # another process finished while we waited
             return final / LIBRARY

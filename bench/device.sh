@@ -27,4 +27,5 @@ timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>
 echo "== bench"
 python3 -m attncc.cli bench examples/mla.attn --json "$OUT/bench_mla.json" --plot "$OUT/bench_mla.png" 2>&1 | tee "$OUT/bench_mla.log" | tail -32
 python3 -m attncc.cli bench examples/gla2.attn --heads 128 --sq 2 --seqlen 8192 --page 64,1 --json "$OUT/bench_gla2.json" 2>&1 | tail -3 | tee "$OUT/bench_gla2.log"
+python3 -m attncc.cli test examples/mla_fp8_sparse.attn --trials 4 2>&1 | tail -2 | tee "$OUT/cli_test.log"
 python3 -m attncc.cli bench examples/gqa8.attn --heads 32 --sq 1 --seqlen 8192 --page 16 --json "$OUT/bench_gqa8.json" 2>&1 | tail -2 | tee "$OUT/bench_gqa8.log"
