@@ -7,7 +7,8 @@
 // one sequence and one split of the KV range, and streams the split's KV tiles of tile_n tokens:
 //
 //     for each KV tile:                             (cp.async pipeline, `stages` tiles deep)
-//         S  = Q K^T              mma.sync, Q and K from shared memory (ldmatrix)
+//         S  = Q K^T              mma.sync, Q and K from shared memory (ldmatrix); qk_split: two
+//                                 warps each take half the k-steps and add their partial blocks
 //         S  = masked(S) * scale * log2(e)          causal limit, past the sequence, -1 index
 //         m' = rowmax(S, m); P = exp2(S - m'); l = l * 2^(m-m') + rowsum(P); O *= 2^(m-m')
 //         O += P V                P through shared memory, V by ldmatrix.trans
@@ -25,6 +26,12 @@
 // of a row group through shared memory; each warp writes its P block to shared memory, and in
 // O += P V it owns value columns [wn*VN, wn*VN + VN) (VN = d_v / WN) against all tile_n tokens.
 // The per-warp l sums only its own tokens; the WN partial sums are added at the end.
+// qk_split (the default where it pays, see the knob): the warps wn = 2 wt + wk, wk = 0, 1, of a
+// pair both compute S for the pair's 2 TN tokens, over the even (wk = 0) or odd (wk = 1)
+// k-steps, and each adds the partner's partial of its own TN tokens (through the row group's P
+// rows, free until P is stored): the Q fragment of a k-step then serves 2 TN tokens, so
+// S = Q K^T reads half the Q bytes, for tile_m tile_n fp32 stored and loaded. The layout
+// after the sum is the one above.
 // warp_rows = 0 in the plan picks, among the legal WR in {16, 32}, the one that reads the
 // fewest shared-memory bytes per KV tile:
 //     WN*tile_m*d_k + WM*tile_n*d_k   (Q and K reads of S = Q K^T)
@@ -36,14 +43,20 @@
 //      [raw mode: dequantize tile i into the staged tile, __syncthreads]
 //      S = Q K^T, with the copies of tile i + stages - 1 (into the stage of step i - 1) issued
 //      between its k-steps (copy_interleave = 1) or before it (0)
+//      [qk_split: the pair's partial S summed in two rounds, each behind a pair barrier]
 //      mask, row max -> shared;  B  row-group barrier
 //      m, P, l, O rescale (skipped when no row max moved), P -> shared;  C  row-group barrier
 //      O += P V
 //
-// ## Plan knobs read here beyond the brief's schema (both optional)
-//   warp_rows        0 (default: the legal one reading the fewest shared bytes), 16 or 32
-//   copy_interleave  -1 (default: 1 when 2 tile_m (d_k + d_v) >= 64 record bytes per kv head),
-//                    0 or 1
+// ## Plan knobs read here beyond the brief's schema (all optional)
+//   warp_rows        0 (default: the legal one reading the fewest shared bytes, without
+//                    qk_split), 16 or 32
+//   copy_interleave  -1 (default: 1 when compute-bound: 2 tile_m (d_k + d_v) >= 64 record bytes
+//                    per kv head), 0 or 1
+//   qk_split         -1 (default: 1 when legal and either compute-bound or the O accumulator is
+//                    <= 64 registers), 0 or 1 (1 must be legal: WN even, a partial S of
+//                    2 WR TN / 32 <= 32 registers, key runs on multiples of 32 columns).
+//                    Shared memory is the same either way.
 //
 // ## Shared memory and constraints, for the lowering (Python; mirrors the static_asserts)
 //
@@ -164,10 +177,6 @@ struct DecodeTraits {
   static constexpr int kNTS = kTokPerWarp / 8;         // ... in n8 tiles
   static constexpr int kColsPerWarp = Cfg::kDV / kWarpsN;  // O += P V: value columns per warp
   static constexpr int kNTO = kColsPerWarp / 8;        // ... in n8 tiles
-  // Independent accumulator chains in S = Q K^T: with fewer than 4 (m16, n8) tiles per warp, the
-  // k-steps alternate between kQKChains copies of s, summed at the end, so consecutive mma do not
-  // wait on each other's result.
-  static constexpr int kQKChains = kMT * kNTS >= 4 ? 1 : 4 / (kMT * kNTS);
 
   __host__ __device__ static constexpr bool any_fp8() {
     bool r = false;
@@ -175,6 +184,38 @@ struct DecodeTraits {
     return r;
   }
   static constexpr bool kRaw = any_fp8();
+  // A tile's math per byte of cache, 2 tile_m (d_k + d_v) / record bytes per kv head, >= 64:
+  // shared memory and the tensor pipe, not the copies, bound the KV step.
+  static constexpr int kRecordBytesPerHead = RawLayout<Cfg>::kPitchBytes;
+  static constexpr bool kComputeBound = 2 * kTileM * (Cfg::kDK + Cfg::kDV) >= 64 * kRecordBytesPerHead;
+
+  // qk_split: S = Q K^T is split over d_k between the two warps wn = 2 wt + wk (wk = 0, 1) of a
+  // pair. Both compute the pair's 2 TN tokens, warp wk over the k-steps 2 j + wk, and each adds
+  // the partner's partial block of its own TN tokens (pair_sum): a warp reads a Q fragment for
+  // 2 TN tokens instead of TN, which halves the Q reads, for tile_m tile_n fp32 stored and loaded.
+  // Legal with an even WN, at most 32 registers of partial S, and key runs on multiples of 32
+  // columns (the odd k-steps' chunks are then the even ones' + 2, see LaneRow). By default on
+  // where it pays and fits: compute-bound plans (H200: +9% on MLA h_q 128, at ~250 registers)
+  // and plans with an O accumulator of <= 64 registers (+5% on memory-bound MLA h_q 16); off for
+  // the others (a 32-row warp of 128 accumulators in a memory-bound plan spilled).
+  __host__ __device__ static constexpr bool key_runs_split() {
+    bool r = true;
+    for (int i = 0; i < Cfg::kNumKeyRuns; ++i) r = r && Cfg::kKeyRuns[i].col % 32 == 0 && Cfg::kKeyRuns[i].width % 32 == 0;
+    return r;
+  }
+  static constexpr bool kQKSplitLegal = kWarpsN % 2 == 0 && kWarpRows * 2 * kTokPerWarp / 32 <= 32 && key_runs_split();
+  static constexpr int kAccRegs = kMT * kNTO * 4;  // O accumulator registers per thread
+  static constexpr bool kQKSplit =
+      Cfg::kQKSplit >= 0 ? Cfg::kQKSplit != 0 : kQKSplitLegal && (kComputeBound || kAccRegs <= 64);
+  static constexpr int kNTQK = kQKSplit ? 2 * kNTS : kNTS;                    // n8 tiles of S = Q K^T per warp
+  static constexpr int kQKSteps = kQKSplit ? Cfg::kDK / 32 : Cfg::kDK / 16;  // k-steps per warp
+  // Independent accumulator chains in S = Q K^T: with fewer than 4 (m16, n8) tiles per warp, the
+  // k-steps alternate between kQKChains copies of s, summed at the end, so consecutive mma do not
+  // wait on each other's result.
+  static constexpr int kQKChains = kMT * kNTQK >= 4 ? 1 : 4 / (kMT * kNTQK);
+  // pair_sum's slot: a round's half of the MT x NTS fragments a warp hands its partner, in the
+  // row group's rows of the P tile (free from barrier A until P is stored).
+  static constexpr int kPairSlotBytes = kMT * kNTS * 4 / 2 * 4 * 32;
 
   using QRows = SmemRows<Cfg::kDK>;
   using KVRows = SmemRows<Cfg::kStagedWidth>;
@@ -182,12 +223,8 @@ struct DecodeTraits {
   using Copy = TileCopy<Cfg, KVRows, kRaw, kThreads>;
   // copy_interleave: 1 spreads the copies of the next KV tile over the k-steps of S = Q K^T (their
   // issue then hides behind ldmatrix latency: +7% on compute-bound MLA), 0 issues them all at the
-  // top of the step (more bytes in flight sooner: better when memory-bound). -1: 1 when a tile's
-  // math per byte of cache, 2 tile_m (d_k + d_v) / record bytes per kv head, is >= 64.
-  static constexpr int kRecordBytesPerHead = RawLayout<Cfg>::kPitchBytes;
-  static constexpr bool kInterleaveCopies =
-      Cfg::kCopyInterleave >= 0 ? Cfg::kCopyInterleave != 0
-                                : 2 * kTileM * (Cfg::kDK + Cfg::kDV) >= 64 * kRecordBytesPerHead;
+  // top of the step (more bytes in flight sooner: better when memory-bound). -1: 1 when compute-bound.
+  static constexpr bool kInterleaveCopies = Cfg::kCopyInterleave >= 0 ? Cfg::kCopyInterleave != 0 : kComputeBound;
   static constexpr int kKVBuffers = kRaw ? 1 : kStages;
   static constexpr int kKVTileBytes = KVRows::bytes(kTileN);
   static constexpr int kRawTileBytes = RawLayout<Cfg>::bytes(kTileN);
@@ -215,7 +252,12 @@ struct DecodeTraits {
   static_assert(warp_rows_legal(kWarpRows, kTileM, kTileN, Cfg::kWarps, Cfg::kDV),
                 "warp layout: tile_m % warp_rows, warps % (tile_m / warp_rows), tile_n % (8 WN), d_v % (16 WN), "
                 "accumulator <= 128 and scores <= 32 registers");
-  static_assert(kWarpsM <= 15, "one named barrier per row group");
+  static_assert(!kQKSplit || kQKSplitLegal, "qk_split: WN even, partial S <= 32 registers, key runs on multiples of 32 columns");
+  // Named barriers: 0 (__syncthreads), 1 .. WM (row groups), then one per qk_split pair.
+  static constexpr int kPairBarrier0 = kWarpsM + 1;
+  static_assert(kPairBarrier0 + (kQKSplit ? Cfg::kWarps / 2 : 0) <= 16, "16 named barriers");
+  static_assert(!kQKSplit || kWarpsN * kPairSlotBytes <= PRows::bytes(kWarpRows), "pair_sum slots fit the row group's P rows");
+  static_assert(kRedOff % 16 == 0, "red: 16-byte aligned rows of WN floats");
   static_assert(kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB: smaller tile_n, tile_m or stages");
 };
 
@@ -242,18 +284,20 @@ __host__ __device__ constexpr bool check_sources() {
 // chunk C or C + 1 of it, C even, l's choice fixed for the whole kernel (`half`). With the XOR
 // swizzle the physical chunk is (C + half) ^ (r % 8) = (C & ~7) + ((C & 7) ^ xh) with
 // xh = (r % 8) ^ half; for constant C the second term takes 4 values, which the compiler keeps
-// in registers across the unrolled k-steps.
+// in registers across the unrolled k-steps. A warp-fixed chunk offset koff in {0, 2} (the odd
+// k-steps of a qk_split pair) is folded in the same way, xh ^= koff, when every C is a multiple
+// of 4: then C + koff + half = C ^ koff ^ half.
 template <class Rows>
 struct LaneRow {
-  uint32_t row_addr;  // tile + r * pitch
-  int xh;             // swizzled: (r % 8) ^ half; plain: half
+  uint32_t row_addr;  // tile + r * pitch (plain: + koff chunks)
+  int xh;             // swizzled: (r % 8) ^ half ^ koff; plain: half
 
   LaneRow() = default;
-  __device__ __forceinline__ LaneRow(uint32_t tile, int row, int half) {
-    row_addr = tile + row * Rows::kPitchBytes;
-    xh = Rows::kSwizzle ? ((row & 7) ^ half) : half;
+  __device__ __forceinline__ LaneRow(uint32_t tile, int row, int half, int koff = 0) {
+    row_addr = tile + row * Rows::kPitchBytes + (Rows::kSwizzle ? 0 : koff * 16);
+    xh = Rows::kSwizzle ? ((row & 7) ^ half ^ koff) : half;
   }
-  // Address of chunk C + half, C even.
+  // Address of chunk C + koff + half, C even (a multiple of 4 when koff != 0).
   __device__ __forceinline__ uint32_t at(int c_even) const {
     if constexpr (Rows::kSwizzle) {
       return row_addr + ((c_even & ~7) << 4) + (((c_even & 7) ^ xh) << 4);
@@ -276,20 +320,25 @@ __device__ __forceinline__ int value_chunk(int v) {
 }
 
 // ------------------------------------------------------------------------------------------
-// S = Q K^T for this warp's rows and tokens: s[mt][nt] += Q[rows mt] . K[tokens nt]^T over d_k.
-// on_step(Index<k>) runs after k-step k (the caller's chance to issue copies between them).
+// S = Q K^T for this warp's rows and tokens: s[mt][nt] += Q[rows mt] . K[tokens nt]^T over the
+// warp's k-steps: all of d_k, or with qk_split the k-steps 2 j + wk over the pair's 2 TN tokens,
+// the warp's own TN first (n-tiles [0, NTS) own, [NTS, 2 NTS) the partner's).
+// on_step(Index<j>) runs after the warp's j-th k-step (the caller's chance to issue copies).
 template <class Cfg, class OnStep>
-__device__ __forceinline__ void qk_tile(float (&s)[DecodeTraits<Cfg>::kMT][DecodeTraits<Cfg>::kNTS][4], uint32_t q_tile,
+__device__ __forceinline__ void qk_tile(float (&s)[DecodeTraits<Cfg>::kMT][DecodeTraits<Cfg>::kNTQK][4], uint32_t q_tile,
                                         uint32_t kv_tile, int wm, int wn, int lane, OnStep&& on_step) {
   using T = DecodeTraits<Cfg>;
-  constexpr int MT = T::kMT, NTS = T::kNTS, C = T::kQKChains;
-  float chain[C > 1 ? C - 1 : 1][MT][NTS][4];  // chains 1..C-1 (chain 0 is s)
+  constexpr int MT = T::kMT, NT = T::kNTQK, C = T::kQKChains, TN = T::kTokPerWarp;
+  constexpr int kStride = T::kQKSplit ? 2 : 1;  // the warp's j-th k-step is kStride * j + wk
+  const int wk = T::kQKSplit ? (wn & 1) : 0;
+  const int koff = 2 * wk;  // chunk offset of k-step kStride * j + wk from k-step kStride * j
+  float chain[C > 1 ? C - 1 : 1][MT][NT][4];  // chains 1..C-1 (chain 0 is s)
 #pragma unroll
   for (int c = 0; c < (C > 1 ? C - 1 : 1); ++c)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int n = 0; n < NTS; ++n)
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int j = 0; j < 4; ++j) chain[c][mt][n][j] = 0.f;
   auto acc = [&](auto kc, int mt, int n) -> float(&)[4] {
@@ -302,18 +351,28 @@ __device__ __forceinline__ void qk_tile(float (&s)[DecodeTraits<Cfg>::kMT][Decod
   LaneRow<typename T::QRows> qrow[MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
-    qrow[mt] = LaneRow<typename T::QRows>(q_tile, wm * T::kWarpRows + mt * 16 + a_ldm_row(lane), a_ldm_khalf(lane));
+    qrow[mt] = LaneRow<typename T::QRows>(q_tile, wm * T::kWarpRows + mt * 16 + a_ldm_row(lane), a_ldm_khalf(lane), koff);
+  // Token of the warp's i-th column of s.
+  auto token = [&](int i) {
+    if constexpr (T::kQKSplit) {
+      return (wn >> 1) * 2 * TN + (wk * TN + i) % (2 * TN);
+    } else {
+      return wn * TN + i;
+    }
+  };
   // Rows of K: pairs of n-tiles via x4, a last odd n-tile via x2.
-  constexpr int NP = NTS / 2;
-  const int tok0 = wn * T::kTokPerWarp;
-  const LaneRow<typename T::KVRows> krow(kv_tile, tok0 + b_ldm_row(lane), b_ldm_khalf(lane));
-  const LaneRow<typename T::KVRows> krow_odd(kv_tile, tok0 + NP * 16 + (lane & 7), (lane >> 3) & 1);
+  constexpr int NP = NT / 2;
+  LaneRow<typename T::KVRows> krow[NP > 0 ? NP : 1];
+#pragma unroll
+  for (int np = 0; np < NP; ++np)
+    krow[np] = LaneRow<typename T::KVRows>(kv_tile, token(np * 16 + b_ldm_row(lane)), b_ldm_khalf(lane), koff);
+  const LaneRow<typename T::KVRows> krow_odd(kv_tile, token(NP * 16 + (lane & 7)), (lane >> 3) & 1);
   const int kx = T::KVRows::kSwizzle ? (lane & 7) : 0;  // for non-adjacent key halves
   const int khalf = b_ldm_khalf(lane);
 
-  static_for<Cfg::kDK / 16>([&](auto kk) {
-    constexpr int k = decltype(kk)::value;
-    const Index<k % C> kc;
+  static_for<T::kQKSteps>([&](auto jj) {
+    constexpr int k = kStride * decltype(jj)::value;  // (+ wk, folded into the addresses)
+    const Index<decltype(jj)::value % C> kc;
     uint32_t a[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], qrow[mt].at(2 * k));
@@ -321,15 +380,16 @@ __device__ __forceinline__ void qk_tile(float (&s)[DecodeTraits<Cfg>::kMT][Decod
     constexpr int c0 = run_to_staged(Cfg::kKeyRuns, 16 * k) / 8;
     constexpr int c1 = run_to_staged(Cfg::kKeyRuns, 16 * k + 8) / 8;
     constexpr bool kAdjacent = c0 % 2 == 0 && c1 == c0 + 1;
+    static_assert(!T::kQKSplit || (kAdjacent && c0 % 4 == 0), "qk_split: key runs on multiples of 32 columns");
 #pragma unroll
     for (int np = 0; np < NP; ++np) {
       uint32_t b[4];
       uint32_t addr;
       if constexpr (kAdjacent) {
-        addr = krow.at(c0) + np * 16 * T::KVRows::kPitchBytes;
+        addr = krow[np].at(c0);
       } else {
         const int c = khalf ? c1 : c0;
-        addr = krow.row_addr + np * 16 * T::KVRows::kPitchBytes + ((T::KVRows::kSwizzle ? (c ^ kx) : c) << 4);
+        addr = krow[np].row_addr + ((T::KVRows::kSwizzle ? (c ^ kx) : c) << 4);
       }
       ldmatrix_x4(b, addr);
 #pragma unroll
@@ -338,7 +398,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[DecodeTraits<Cfg>::kMT][Decod
         mma_16816<Cfg::kElem>(acc(kc, mt, 2 * np + 1), a[mt], b[2], b[3]);
       }
     }
-    if constexpr (NTS % 2 == 1) {
+    if constexpr (NT % 2 == 1) {
       uint32_t b[2];
       uint32_t addr;
       if constexpr (kAdjacent) {
@@ -349,9 +409,9 @@ __device__ __forceinline__ void qk_tile(float (&s)[DecodeTraits<Cfg>::kMT][Decod
       }
       ldmatrix_x2(b, addr);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) mma_16816<Cfg::kElem>(acc(kc, mt, NTS - 1), a[mt], b[0], b[1]);
+      for (int mt = 0; mt < MT; ++mt) mma_16816<Cfg::kElem>(acc(kc, mt, NT - 1), a[mt], b[0], b[1]);
     }
-    on_step(kk);
+    on_step(jj);
   });
   if constexpr (C > 1) {
 #pragma unroll
@@ -359,9 +419,75 @@ __device__ __forceinline__ void qk_tile(float (&s)[DecodeTraits<Cfg>::kMT][Decod
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int n = 0; n < NTS; ++n)
+        for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int j = 0; j < 4; ++j) s[mt][n][j] += chain[c][mt][n][j];
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&x)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[mt][n][j] = 0.f;
+}
+
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void sts64(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y));
+}
+
+__device__ __forceinline__ void lds64(uint32_t addr, float& x, float& y) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr));
+}
+
+// qk_split: s (this warp's TN tokens) = its partial sp[.][0, NTS) + the partner's partial of the
+// same tokens. Each warp hands the partner sp[.][NTS, 2 NTS) in two rounds of half (float2
+// units u, lane-major: conflict-free) through two slots, each round a store, a pair barrier and
+// an add:
+//   round 0: store into my slot, barrier, add from the partner's slot;
+//   round 1: store into the partner's slot, barrier, add from my slot.
+// A thread only stores to addresses it was the last to read (round 1) or that nobody reads until
+// the next barrier, so two barriers are enough.
+template <class Cfg>
+__device__ __forceinline__ void pair_sum(float (&s)[DecodeTraits<Cfg>::kMT][DecodeTraits<Cfg>::kNTS][4],
+                                         const float (&sp)[DecodeTraits<Cfg>::kMT][DecodeTraits<Cfg>::kNTQK][4],
+                                         uint32_t my_slot, uint32_t partner_slot, int pair_barrier, int lane) {
+  using T = DecodeTraits<Cfg>;
+  constexpr int MT = T::kMT, NTS = T::kNTS;
+  constexpr int kUnits = MT * NTS;  // float2 units per round: half of MT x NTS fragments of 4
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NTS; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s[mt][n][j] = sp[mt][n][j];
+#pragma unroll
+  for (int round = 0; round < 2; ++round) {
+    const uint32_t to = round == 0 ? my_slot : partner_slot;
+    const uint32_t from = round == 0 ? partner_slot : my_slot;
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int f = (round * kUnits + u) * 2;  // first float of the unit in [mt][n][j] order
+      const int mt = f / (4 * NTS), n = f / 4 % NTS, j = f % 4;
+      sts64(to + (u * 32 + lane) * 8, sp[mt][NTS + n][j], sp[mt][NTS + n][j + 1]);
+    }
+    bar_sync(pair_barrier, 64);
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const int f = (round * kUnits + u) * 2;
+      const int mt = f / (4 * NTS), n = f / 4 % NTS, j = f % 4;
+      float x, y;
+      lds64(from + (u * 32 + lane) * 8, x, y);
+      s[mt][n][j] += x;
+      s[mt][n][j + 1] += y;
+    }
   }
 }
 
@@ -407,8 +533,27 @@ __device__ __forceinline__ void pv_tile(float (&o)[DecodeTraits<Cfg>::kMT][Decod
   }
 }
 
-__device__ __forceinline__ void row_group_sync(int group, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "r"(threads) : "memory");
+__device__ __forceinline__ void row_group_sync(int group, int threads) { bar_sync(group + 1, threads); }
+
+// The WN values of one row of `red` (row-major [tile_m][WN], 16-byte aligned): in 16- or 8-byte loads.
+template <int WN>
+__device__ __forceinline__ void load_row(const float* row, float (&v)[WN]) {
+  if constexpr (WN % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < WN / 4; ++i) {
+      const float4 x = reinterpret_cast<const float4*>(row)[i];
+      v[4 * i] = x.x, v[4 * i + 1] = x.y, v[4 * i + 2] = x.z, v[4 * i + 3] = x.w;
+    }
+  } else if constexpr (WN % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < WN / 2; ++i) {
+      const float2 x = reinterpret_cast<const float2*>(row)[i];
+      v[2 * i] = x.x, v[2 * i + 1] = x.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < WN; ++i) v[i] = row[i];
+  }
 }
 
 __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
@@ -575,19 +720,24 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
     const int* slots = slot_ring + (it % (S + 1)) * N;
     const int pos0 = (tile_begin + it) * N;
 
-    // S = Q K^T
-    float s[MT][T::kNTS][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < T::kNTS; ++n)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) s[mt][n][j] = 0.f;
-    qk_tile<Cfg>(s, q_tile, kv_tile, wm, wn, lane, [&](auto kk) {
+    // S = Q K^T (qk_split: the pair's partial blocks, summed by pair_sum)
+    auto copy_part = [&](auto j) {
       if constexpr (T::kInterleaveCopies) {
-        if (copy_next) T::Copy::template issue<decltype(kk)::value, Cfg::kDK / 16>(args, nx_dst, nx_slots, head, tid);
+        if (copy_next) T::Copy::template issue<decltype(j)::value, T::kQKSteps>(args, nx_dst, nx_slots, head, tid);
       }
-    });
+    };
+    float s[MT][T::kNTS][4];
+    if constexpr (T::kQKSplit) {
+      float sp[MT][T::kNTQK][4];
+      zero(sp);
+      qk_tile<Cfg>(sp, q_tile, kv_tile, wm, wn, lane, copy_part);
+      const uint32_t xchg = p_tile + T::PRows::bytes(wm * WR);  // the row group's P rows
+      pair_sum<Cfg>(s, sp, xchg + wn * T::kPairSlotBytes, xchg + (wn ^ 1) * T::kPairSlotBytes,
+                    T::kPairBarrier0 + warp / 2, lane);
+    } else {
+      zero(s);
+      qk_tile<Cfg>(s, q_tile, kv_tile, wm, wn, lane, copy_part);
+    }
     if constexpr (T::kInterleaveCopies) cp_async_commit();
 
     // mask and scale
@@ -607,16 +757,17 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) red[wn * M + wm * WR + mt * 16 + (lane >> 2) + 8 * h] = mx[mt][h];
+          for (int h = 0; h < 2; ++h) red[(wm * WR + mt * 16 + (lane >> 2) + 8 * h) * T::kWarpsN + wn] = mx[mt][h];
       }
       row_group_sync(wm, kRowGroupThreads);  // B
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int r = wm * WR + mt * 16 + (lane >> 2) + 8 * h;
+          float v[T::kWarpsN];
+          load_row(red + (wm * WR + mt * 16 + (lane >> 2) + 8 * h) * T::kWarpsN, v);
 #pragma unroll
-          for (int w = 0; w < T::kWarpsN; ++w) mx[mt][h] = fmaxf(mx[mt][h], red[w * M + r]);
+          for (int w = 0; w < T::kWarpsN; ++w) mx[mt][h] = fmaxf(mx[mt][h], v[w]);
         }
     }
 
@@ -662,17 +813,18 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) red[wn * M + wm * WR + mt * 16 + (lane >> 2) + 8 * h] = l[mt][h];
+        for (int h = 0; h < 2; ++h) red[(wm * WR + mt * 16 + (lane >> 2) + 8 * h) * T::kWarpsN + wn] = l[mt][h];
     }
     row_group_sync(wm, kRowGroupThreads);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = wm * WR + mt * 16 + (lane >> 2) + 8 * h;
+        float v[T::kWarpsN];
+        load_row(red + (wm * WR + mt * 16 + (lane >> 2) + 8 * h) * T::kWarpsN, v);
         float sum = 0.f;
 #pragma unroll
-        for (int w = 0; w < T::kWarpsN; ++w) sum += red[w * M + r];
+        for (int w = 0; w < T::kWarpsN; ++w) sum += v[w];
         l[mt][h] = sum;
       }
   }
