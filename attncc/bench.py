@@ -77,9 +77,20 @@ def measure_ceilings(device="cuda") -> dict:
     return {"copy_GBps": 2 * copy_bytes / copy_s / 1e9, "gemm_TFLOPs": 2 * n ** 3 / gemm_s / 1e12}
 
 
+WARMUP_SECONDS = 0.3  # the SM clock idles low between configurations: run it up first
+
+
 def _median_seconds(fn, flush, iters: int) -> float:
-    for _ in range(2):
+    import time
+
+    start = time.perf_counter()
+    calls = 0
+    while calls < 3 or time.perf_counter() - start < WARMUP_SECONDS:
         fn()
+        calls += 1
+        if calls % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
     times = []
     for _ in range(iters):
         if flush is not None:
