@@ -66,9 +66,24 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
+def _aligned(name: str, t: torch.Tensor) -> torch.Tensor:
+    """The kernel moves 16-byte chunks: a view starting mid-chunk cannot be read."""
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name}: expected a 16-byte aligned tensor (a view at element "
+                         f"offset {t.storage_offset()} is not); pass a copy")
+    return t
+
+
 def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
                  scale: float, splits: int = 0):
-    q = q.contiguous()
+    q = _aligned("q", q.contiguous())
+    cache = [_aligned(f"cache tensor {i}", t) for i, t in enumerate(cache)]
+    if block_table is not None and block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()  # rows may be strided, entries may not
+    seqlens = None if seqlens is None else seqlens.contiguous()
+    indices = None if indices is None else indices.contiguous()
     batch, s_q = q.shape[:2]
     out = torch.empty(batch, s_q, plan.heads_q, plan.d_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, plan.heads_q, s_q, dtype=torch.float32, device=q.device)

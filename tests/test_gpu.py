@@ -137,3 +137,18 @@ def test_opcheck_on_cuda(kernels):
     args = (case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens, None,
             k.spec.softmax_scale, 0)
     torch.library.opcheck(k.op, args)
+
+
+def test_misaligned_q_view_is_refused_and_row_strided_block_table_works(kernels):
+    k = kernels["gqa8"]
+    case = testing.random_case(k.spec, [100, 17], 1, seed=4)
+    flat = torch.empty(case.q.numel() + 1, dtype=case.q.dtype, device="cuda")
+    shifted = flat[1:].view(case.q.shape)  # contiguous, but 2 bytes past a 16-byte boundary
+    shifted.copy_(case.q)
+    with pytest.raises(ValueError, match="q: expected a 16-byte aligned"):
+        k(shifted, case.cache, case.block_table, case.seqlens)
+    wide = torch.zeros(2, case.block_table.shape[1] + 5, dtype=torch.int32, device="cuda")
+    wide[:, :case.block_table.shape[1]] = case.block_table
+    narrow = wide[:, :case.block_table.shape[1]]  # rows strided by the wider table
+    out, lse = k(case.q, case.cache, narrow, case.seqlens)
+    assert testing.compare(k.spec, case, out, lse).ok
