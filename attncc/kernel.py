@@ -20,8 +20,7 @@ def _capturing_or_compiling() -> bool:
 class Kernel:
     def __init__(self, spec: Spec):
         self.spec = spec
-        self._op = None
-        self._plan, self._plan_error = None, None
+        self._op = self._plan = self._plan_error = None
         try:
             self._plan = lower(spec)
         except SpecError as exc:
@@ -31,7 +30,10 @@ class Kernel:
             # reference; CUDA calls, k.plan and k.op raise this error
             self._plan_error = exc
         if self._plan is not None:
-            self.op  # register now: a first use inside torch.compile cannot register it
+            from .ops import op_for
+
+            # registered now: a first use inside torch.compile could not register it
+            self._op = op_for(spec, self._plan)
 
     @property
     def plan(self) -> Plan:
@@ -43,11 +45,10 @@ class Kernel:
     @property
     def op(self):
         """torch.ops.attncc.<name>_<hash>(q, cache_list, block_table, seqlens, indices,
-        scale, num_splits) -> (out, lse); registered on first use."""
-        if self._op is None:
-            from .ops import op_for
-
-            self._op = op_for(self.spec, self.plan)
+        scale, num_splits) -> (out, lse); raises the plan's error for a spec the CUDA
+        path cannot take."""
+        if self._plan_error is not None:
+            raise self._plan_error
         return self._op
 
     def build(self):

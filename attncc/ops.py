@@ -49,12 +49,14 @@ class Library:
 
 
 def _cuda_error_name(status: int) -> str:
-    try:
-        rt = ctypes.CDLL("libcudart.so")
-        rt.cudaGetErrorString.restype = ctypes.c_char_p
-        return rt.cudaGetErrorString(status).decode()
-    except OSError:
-        return "unknown"
+    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+        try:
+            runtime = ctypes.CDLL(name)
+        except OSError:
+            continue
+        runtime.cudaGetErrorString.restype = ctypes.c_char_p
+        return runtime.cudaGetErrorString(status).decode()
+    return "unknown"
 
 
 @lru_cache(maxsize=None)
