@@ -43,6 +43,7 @@ def _compile(args) -> int:
     import attncc
 
     from .build import compile_source, nvcc
+    from .lower import SMEM_LIMIT
     from .render import write_sources
 
     plan = attncc.compile(Path(args.spec)).plan
@@ -57,6 +58,11 @@ def _compile(args) -> int:
         print("nvcc not found: rendered only")
         return 0
     arch = args.arch or plan.target
+    if plan.smem_bytes > SMEM_LIMIT[arch]:
+        print(f"attncc: warning: this plan (lowered for {plan.target}) needs {plan.smem_bytes} B "
+              f"of shared memory, more than {arch} gives a block ({SMEM_LIMIT[arch]}): it will "
+              f"compile but not launch there; write `target {arch}` in the schedule to lower for it",
+              file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
         _, kernels, _ = compile_source(plan, Path(tmp), arch)
     print(f"{'kernel':<48} {'regs':>5} {'smem':>8} {'stack':>6} {'spills':>7}")
