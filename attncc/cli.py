@@ -179,7 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    return f"attncc: warning: {message}\n"  # a user's view: no Python file and line
+
+
 def main(argv=None) -> int:
+    import warnings
+
+    warnings.formatwarning = _format_warning
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
