@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import storage
 from .errors import SpecError
-from .ir import SCALE_BYTES, Spec
+from .ir import DTYPES, SCALE_BYTES, Spec
 
 NUM_SMS = {"sm90a": 132, "sm80": 108}   # H200 / A100; the launch reads the real count
 SMEM_LIMIT = {"sm90a": 227 * 1024, "sm80": 163 * 1024}
@@ -89,11 +89,6 @@ class Plan:
 
     def canonical_json(self) -> str:
         return json.dumps(self.template_dict(), sort_keys=True, separators=(",", ":"))
-
-    @property
-    def rows(self) -> int:
-        """Rows of one (sequence, kv head): its query heads × query tokens."""
-        return self.group * (1 if self.sparse else self.max_sq)
 
     def __call__(self, seqlens, s_q: int = 1, num_sms: int | None = None) -> "DecodeMetadata":
         """Scheduling metadata for one decode step, shared by all layers of that step
@@ -222,17 +217,16 @@ def _raw_pitch(sources) -> int:
     """Bytes of one token's fp8 sources as copied from global memory, before dequantizing."""
     total = 0
     for s in sources:
-        elt = 1 if s.dtype in ("e4m3", "e5m2") else 2
         scales = 0
         if s.scale:
             scales = (s.seg_lo + s.width - 1) // s.scale.group - s.seg_lo // s.scale.group + 1
-        total += _pad16(s.width * elt) + _pad16(scales * SCALE_BYTES)
+        total += _pad16(s.width * DTYPES[s.dtype].bytes) + _pad16(scales * SCALE_BYTES)
     return total
 
 
 def smem_bytes(d_k: int, staged: int, sources, tile_m: int, tile_n: int, stages: int,
                warps_n: int) -> int:
-    raw = any(s.dtype in ("e4m3", "e5m2") for s in sources)
+    raw = any(DTYPES[s.dtype].is_fp8 for s in sources)
     return (tile_m * _pitch_bytes(d_k)
             + (1 if raw else stages) * tile_n * _pitch_bytes(staged)
             + (stages * tile_n * _raw_pitch(sources) if raw else 0)
@@ -338,8 +332,7 @@ def _check_alignment(spec: Spec, sources, key_runs, value_runs) -> None:
                 f"fp8 segment `{src.segment}`: this kernel path dequantizes 16 values at a time "
                 f"and needs scale groups (per {src.scale.group}) and slices starting at a "
                 "multiple of 16", spec.source, spec.segment(src.segment).span)
-        elt = 1 if src.dtype in ("e4m3", "e5m2") else 2
-        if src.offset_bytes % 16 or (src.head_stride_bytes * elt and src.head_stride_bytes % 16):
+        if src.offset_bytes % 16 or src.head_stride_bytes % 16:
             raise UnsupportedSpec(
                 f"segment `{src.segment}` starts at byte {src.offset_bytes} of the record (head "
                 f"stride {src.head_stride_bytes}): this kernel path needs 16-byte alignment",

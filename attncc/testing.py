@@ -24,9 +24,6 @@ class Case:
     seqlens: torch.Tensor | None
     indices: torch.Tensor | None
 
-    def args(self):
-        return (self.q, self.cache, self.block_table, self.seqlens)
-
 
 def fill_nan(cache) -> None:
     """All-ones bytes are NaN in bf16, fp16, e4m3, e5m2 and fp32 alike."""
