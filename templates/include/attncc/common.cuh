@@ -156,6 +156,38 @@ struct SmemRows {
   }
 };
 
+// Addressing of one lane's (or thread's) row of a SmemRows tile, for chunks C + off where the
+// offset `off` is fixed per lane and C is a compile-time constant.
+//
+// In every ldmatrix of the decode kernel, lane l addresses a row r with r % 8 == l % 8 and either
+// chunk C or C + 1 of it, C even, l's choice fixed for the whole kernel (off = `half`). With the
+// XOR swizzle the physical chunk is (C + half) ^ (r % 8) = (C & ~7) + ((C & 7) ^ xh) with
+// xh = (r % 8) ^ half; for constant C the second term takes 4 values, which the compiler keeps
+// in registers across the unrolled k-steps. A warp-fixed chunk offset koff in {0, 2} (the odd
+// k-steps of a qk_split pair) is folded in the same way, xh ^= koff, when every C is a multiple
+// of 4: then C + koff + half = C ^ koff ^ half. In general: off < 2^k and C a multiple of 2^k
+// (2^k <= 8) give C + off = C ^ off, which is how the token-major tile copies use it (off = the
+// thread's chunk phase p < threads per token).
+template <class Rows>
+struct LaneRow {
+  uint32_t row_addr;  // tile + r * pitch (plain: + koff chunks)
+  int xh;             // swizzled: (r % 8) ^ half ^ koff; plain: half
+
+  LaneRow() = default;
+  __device__ __forceinline__ LaneRow(uint32_t tile, int row, int half, int koff = 0) {
+    row_addr = tile + row * Rows::kPitchBytes + (Rows::kSwizzle ? 0 : koff * 16);
+    xh = Rows::kSwizzle ? ((row & 7) ^ half ^ koff) : half;
+  }
+  // Address of chunk C + koff + half (C: see above).
+  __device__ __forceinline__ uint32_t at(int c) const {
+    if constexpr (Rows::kSwizzle) {
+      return row_addr + ((c & ~7) << 4) + (((c & 7) ^ xh) << 4);
+    } else {
+      return row_addr + ((c + xh) << 4);
+    }
+  }
+};
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

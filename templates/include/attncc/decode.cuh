@@ -278,34 +278,7 @@ __host__ __device__ constexpr bool check_sources() {
 }
 
 // ------------------------------------------------------------------------------------------
-// Per-lane ldmatrix addressing into a (possibly swizzled) row-major tile.
-//
-// In every ldmatrix of this kernel, lane l addresses a row r with r % 8 == l % 8 and either
-// chunk C or C + 1 of it, C even, l's choice fixed for the whole kernel (`half`). With the XOR
-// swizzle the physical chunk is (C + half) ^ (r % 8) = (C & ~7) + ((C & 7) ^ xh) with
-// xh = (r % 8) ^ half; for constant C the second term takes 4 values, which the compiler keeps
-// in registers across the unrolled k-steps. A warp-fixed chunk offset koff in {0, 2} (the odd
-// k-steps of a qk_split pair) is folded in the same way, xh ^= koff, when every C is a multiple
-// of 4: then C + koff + half = C ^ koff ^ half.
-template <class Rows>
-struct LaneRow {
-  uint32_t row_addr;  // tile + r * pitch (plain: + koff chunks)
-  int xh;             // swizzled: (r % 8) ^ half ^ koff; plain: half
-
-  LaneRow() = default;
-  __device__ __forceinline__ LaneRow(uint32_t tile, int row, int half, int koff = 0) {
-    row_addr = tile + row * Rows::kPitchBytes + (Rows::kSwizzle ? 0 : koff * 16);
-    xh = Rows::kSwizzle ? ((row & 7) ^ half ^ koff) : half;
-  }
-  // Address of chunk C + koff + half, C even (a multiple of 4 when koff != 0).
-  __device__ __forceinline__ uint32_t at(int c_even) const {
-    if constexpr (Rows::kSwizzle) {
-      return row_addr + ((c_even & ~7) << 4) + (((c_even & 7) ^ xh) << 4);
-    } else {
-      return row_addr + ((c_even + xh) << 4);
-    }
-  }
-};
+// Value columns
 
 // Staged chunk of value chunk v (runtime): a walk over the (few) value runs.
 template <class Cfg>
@@ -721,9 +694,11 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
     const int pos0 = (tile_begin + it) * N;
 
     // S = Q K^T (qk_split: the pair's partial blocks, summed by pair_sum)
+    typename T::Copy::Cursor nx_cursor;
+    if constexpr (T::kInterleaveCopies) nx_cursor = T::Copy::cursor(args, nx_slots, head, tid);
     auto copy_part = [&](auto j) {
       if constexpr (T::kInterleaveCopies) {
-        if (copy_next) T::Copy::template issue<decltype(j)::value, T::kQKSteps>(args, nx_dst, nx_slots, head, tid);
+        if (copy_next) T::Copy::template issue<decltype(j)::value, T::kQKSteps>(args, nx_dst, nx_cursor, tid);
       }
     };
     float s[MT][T::kNTS][4];

@@ -147,6 +147,16 @@ __device__ __forceinline__ void for_each_item(int tid, F&& f) {
 // A thread's copies are kItems items (per source: its data chunks, then its scales); issue<P, N>
 // issues the P-th of N near-equal parts of them, so that the copies of the next tile can be
 // spread over the k-steps of S = Q K^T (their issue slots then hide behind ldmatrix latency).
+//
+// Data chunks are split over the threads in one of two ways:
+//   token-major (kTokenMajor): 8 threads per token, so that one cp.async of a warp reads 4
+//     tokens x 128 contiguous bytes. Thread tid copies chunks p + 8 j (p = tid % 8) of the
+//     kPasses = tile_n * 8 / threads tokens tid / 8 + u * threads / 8. Its slots are read once
+//     per tile (Cursor) and every copy's shared address is a constant plus one per-thread value
+//     (LaneRow; staged columns on multiples of 8 chunks): a copy costs little more than its
+//     cp.async, which matters when the copies are spread over the k-steps of S = Q K^T.
+//   chunk-major (otherwise): ItemGrid over the [tile_n x chunks] grid of each source, a slot read
+//     and an address computation per copy.
 template <class Cfg, class Rows, bool kRaw, int kThreads>
 struct TileCopy {
   using Raw = RawLayout<Cfg>;
@@ -155,8 +165,21 @@ struct TileCopy {
   template <int I>
   using ScaleGrid = ItemGrid<Cfg::kTileN, Cfg::kSources[I].has_scale() ? Cfg::kSources[I].num_scales() : 1, kThreads>;
 
+  static constexpr int kTPT = 8;  // token-major: threads per token
+  static constexpr int kPasses = Cfg::kTileN * kTPT % kThreads == 0 ? Cfg::kTileN * kTPT / kThreads : 0;
+  __host__ __device__ static constexpr bool token_major() {
+    if (kPasses < 1) return false;
+    for (int i = 0; i < Cfg::kNumSources; ++i)
+      if (!kRaw && (Cfg::kSources[i].smem_col / 8) % kTPT != 0) return false;
+    return true;
+  }
+  static constexpr bool kTokenMajor = token_major();
+  // Token-major: chunks of source i per thread and token.
+  __host__ __device__ static constexpr int token_chunks(int i) { return ceil_div(Cfg::kSources[i].data_bytes() / 16, kTPT); }
+
   __host__ __device__ static constexpr int data_items(int i) {
     const int per_row = Cfg::kSources[i].data_bytes() / 16;
+    if (kTokenMajor) return kPasses * token_chunks(i);
     return kThreads % per_row == 0 ? ceil_div(Cfg::kTileN, kThreads / per_row) : ceil_div(Cfg::kTileN * per_row, kThreads);
   }
   __host__ __device__ static constexpr int scale_items(int i) {
@@ -171,8 +194,36 @@ struct TileCopy {
   }
   static constexpr int kItems = first_item(Cfg::kNumSources);
 
+  // What a thread needs to issue its copies of one tile: the tile's slots (chunk-major, scales)
+  // and, token-major, its tokens' addresses in every source (one slot read per token).
+  struct Cursor {
+    const int* slots;
+    int head;
+    const char* row[kPasses > 0 ? kPasses : 1][Cfg::kNumSources];  // token-major: source + slot * stride + chunk p
+    bool valid[kPasses > 0 ? kPasses : 1];                         // token-major: the token has a slot
+  };
+
+  __device__ __forceinline__ static Cursor cursor(const AttnccArgs& a, const int* slots, int head, int tid) {
+    Cursor c;
+    c.slots = slots;
+    c.head = head;
+    if constexpr (kTokenMajor) {
+#pragma unroll
+      for (int u = 0; u < kPasses; ++u) {
+        const int slot = slots[tid / kTPT + u * (kThreads / kTPT)];
+        c.valid[u] = slot >= 0;
+        static_for<Cfg::kNumSources>([&](auto si) {
+          constexpr Source src = Cfg::kSources[decltype(si)::value];
+          constexpr long long kStride = Cfg::kTokenStride[src.tensor];
+          c.row[u][decltype(si)::value] = run_base<Cfg>(a, src, head) + max(slot, 0) * kStride + tid % kTPT * 16;
+        });
+      }
+    }
+    return c;
+  }
+
   template <int kPart, int kParts>
-  __device__ __forceinline__ static void issue(const AttnccArgs& a, uint32_t dst, const int* slots, int head, int tid) {
+  __device__ __forceinline__ static void issue(const AttnccArgs& a, uint32_t dst, const Cursor& cur, int tid) {
     constexpr int lo = kPart * kItems / kParts, hi = (kPart + 1) * kItems / kParts;
     if constexpr (lo < hi) {
       static_for<Cfg::kNumSources>([&](auto si) {
@@ -181,20 +232,35 @@ struct TileCopy {
         constexpr int kFirst = first_item(kI);
         if constexpr (kFirst < hi && kFirst + data_items(kI) + scale_items(kI) > lo) {
           constexpr long long kStride = Cfg::kTokenStride[src.tensor];
+          constexpr int kPerRow = src.data_bytes() / 16;
           static_for<data_items(kI)>([&](auto ki) {
             constexpr int k = decltype(ki)::value;
             if constexpr (kFirst + k >= lo && kFirst + k < hi) {
-              const char* base = run_base<Cfg>(a, src, head);
-              DataGrid<kI>::visit(k, tid, [&](int tok, int ch) {
-                const int slot = slots[tok];
-                uint32_t d;
-                if constexpr (kRaw) {
-                  d = dst + tok * Raw::kPitchBytes + Raw::data_offset(kI) + ch * 16;
-                } else {
-                  d = dst + Rows::chunk_offset(tok, src.smem_col / 8 + ch);
+              if constexpr (kTokenMajor) {
+                constexpr int u = k / token_chunks(kI), j = k % token_chunks(kI);  // pass, chunk step
+                const int tok = tid / kTPT + u * (kThreads / kTPT), p = tid % kTPT;
+                if (kPerRow % kTPT == 0 || p + j * kTPT < kPerRow) {
+                  uint32_t d;
+                  if constexpr (kRaw) {
+                    d = dst + tok * Raw::kPitchBytes + Raw::data_offset(kI) + (p + j * kTPT) * 16;
+                  } else {
+                    d = LaneRow<Rows>(dst, tok, p).at(src.smem_col / 8 + j * kTPT);
+                  }
+                  cp_async_16(d, cur.row[u][kI] + j * kTPT * 16, cur.valid[u]);
                 }
-                cp_async_16(d, base + max(slot, 0) * kStride + ch * 16, slot >= 0);
-              });
+              } else {
+                const char* base = run_base<Cfg>(a, src, cur.head);
+                DataGrid<kI>::visit(k, tid, [&](int tok, int ch) {
+                  const int slot = cur.slots[tok];
+                  uint32_t d;
+                  if constexpr (kRaw) {
+                    d = dst + tok * Raw::kPitchBytes + Raw::data_offset(kI) + ch * 16;
+                  } else {
+                    d = dst + Rows::chunk_offset(tok, src.smem_col / 8 + ch);
+                  }
+                  cp_async_16(d, base + max(slot, 0) * kStride + ch * 16, slot >= 0);
+                });
+              }
             }
           });
           if constexpr (scale_items(kI) > 0) {
@@ -204,9 +270,9 @@ struct TileCopy {
               constexpr int item = kFirst + data_items(kI) + k;
               if constexpr (item >= lo && item < hi) {
                 const char* sbase = static_cast<const char*>(a.tensors[src.scale_tensor]) + src.scale_offset_bytes +
-                                    head * src.scale_head_stride_bytes + src.first_group() * 4;
+                                    cur.head * src.scale_head_stride_bytes + src.first_group() * 4;
                 ScaleGrid<kI>::visit(k, tid, [&](int tok, int g) {
-                  const int slot = slots[tok];
+                  const int slot = cur.slots[tok];
                   cp_async_4(dst + tok * Raw::kPitchBytes + Raw::scale_offset(kI) + g * 4,
                              sbase + max(slot, 0) * kScaleStride + g * 4, slot >= 0);
                 });
@@ -219,7 +285,7 @@ struct TileCopy {
   }
 
   __device__ __forceinline__ static void issue_all(const AttnccArgs& a, uint32_t dst, const int* slots, int head, int tid) {
-    issue<0, 1>(a, dst, slots, head, tid);
+    issue<0, 1>(a, dst, cursor(a, slots, head, tid), tid);
   }
 };
 
