@@ -87,11 +87,13 @@ class Kernel:
         fixes the split count for a decode step; without it the count comes from shapes."""
         validate.call_arguments(self.spec, q, cache, block_table, seqlens, indices,
                                 check_values=not _capturing_or_compiling())
+        if scale is not None:
+            scale = validate.softmax_scale(scale)
         from .ops import cache_list
 
         if q.device.type == "cpu" and self._plan is None:
             out, lse = reference.attention(self.spec, q, cache, block_table, seqlens, indices, scale)
             return out.to(q.dtype), lse.float()
-        scale = self.spec.softmax_scale if scale is None else float(scale)
+        scale = self.spec.softmax_scale if scale is None else scale
         splits = metadata.num_splits if metadata is not None else 0
         return self.op(q, cache_list(self.spec, cache), block_table, seqlens, indices, scale, splits)

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import reference, storage
+from . import reference, storage, validate
 from .build import build
 from .ir import Spec
 from .lower import Plan, num_splits
@@ -80,6 +80,7 @@ def _aligned(name: str, t: torch.Tensor) -> torch.Tensor:
 
 def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
                  scale: float, splits: int = 0):
+    scale = validate.softmax_scale(scale)  # the op may be called without the Kernel
     q = _aligned("q", q.contiguous())
     cache = [_aligned(f"cache tensor {i}", t) for i, t in enumerate(cache)]
     if block_table is not None and block_table.stride(-1) != 1:

@@ -2,6 +2,8 @@
 argument's name and what was expected, before anything runs."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import storage
@@ -24,6 +26,18 @@ def _expect_tensor(name: str, t, shape, dtype: torch.dtype, device) -> None:
                         f"got {_describe(t)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device} (where q is), got {_describe(t)}")
+
+
+def softmax_scale(scale) -> float:
+    """The call-time softmax scale: a positive finite number, as the spec's `scale` must be
+    (the kernels take the row max of raw scores and scale it afterwards)."""
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale: expected a positive finite number, got {scale!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"scale: expected a positive finite number, got {value!r}")
+    return value
 
 
 def cache_pages(spec: Spec, cache, device=None) -> int:

@@ -200,6 +200,13 @@ def test_scale_override(case):
     assert torch.equal(same_out, default_out) and torch.equal(same_lse, default_lse)
 
 
+@pytest.mark.parametrize("bad", [0.0, -0.5, float("inf"), float("nan"), "big"])
+def test_scale_override_must_be_positive_finite(bad):
+    kernel, args = dense_inputs(s_q=1)
+    with pytest.raises((ValueError, TypeError), match=r"^scale: expected a positive finite number"):
+        call(kernel, dict(args, scale=bad))
+
+
 def test_scale_override_matches_a_spec_with_that_scale():
     kernel, args = dense_inputs(s_q=2, seed=5)
     other = attncc.compile(DENSE.replace("query len <= 2 causal", "query len <= 2 causal\n scale 0.3"))
