@@ -45,6 +45,7 @@ struct Config {
   static constexpr int kWarpRows = 16;  // 0: chosen in decode.cuh
   static constexpr int kCopyInterleave = -1;  // -1: chosen in decode.cuh
   static constexpr int kQKSplit = -1;  // -1: chosen in decode.cuh
+  static constexpr int kPingPong = -1;  // -1: chosen in decode.cuh
   static constexpr int kNumSMs = 132;
 };
 

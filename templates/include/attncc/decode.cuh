@@ -9,8 +9,9 @@
 //     for each KV tile:                             (cp.async pipeline, `stages` tiles deep)
 //         S  = Q K^T              mma.sync, Q and K from shared memory (ldmatrix); qk_split: two
 //                                 warps each take half the k-steps and add their partial blocks
-//         S  = masked(S) * scale * log2(e)          causal limit, past the sequence, -1 index
-//         m' = rowmax(S, m); P = exp2(S - m'); l = l * 2^(m-m') + rowsum(P); O *= 2^(m-m')
+//         S  = masked(S)          causal limit, past the sequence, -1 index (tiles that need it)
+//         m' = rowmax(S c, m); P = exp2(S c - m'); l = l 2^(m-m') + rowsum(P); O *= 2^(m-m')
+//                                 c = scale log2(e); m moves only by more than 8 (softmax.cuh)
 //         O += P V                P through shared memory, V by ldmatrix.trans
 //     out = O / l, lse = (m + log2 l) ln 2          -> out/lse (1 split) or partials (combine.cuh)
 //
@@ -47,6 +48,14 @@
 //      mask, row max -> shared;  B  row-group barrier
 //      m, P, l, O rescale (skipped when no row max moved), P -> shared;  C  row-group barrier
 //      O += P V
+// ping_pong (two row groups): A is CTA-wide only at step 0. Row group 1 alone copies tiles and
+// keeps the slots; the groups hand tiles over through named barriers instead of A:
+//   row group 0, step i:  sync FULL(i); arrive EMPTY(i - 1)     (done with tile i - 1)
+//   row group 1, step i:  sync EMPTY(i - 1); copy tile i + 1 into tile i - 1's stage; S = Q K^T;
+//                         wait for its copies, arrive FULL(i + 1); softmax; O += P V
+// so row group 0 may run up to about half a step ahead, and one group's softmax (no tensor
+// work, two barriers) overlaps the other group's products instead of both idling the tensor
+// pipe at once (H200, MLA h_q 128 s_q 2, same run: 334 TFLOP/s without, 351 with).
 //
 // ## Plan knobs read here beyond the brief's schema (all optional)
 //   warp_rows        0 (default: the legal one reading the fewest shared bytes, without
@@ -56,6 +65,10 @@
 //   qk_split         -1 (default: 1 when legal and either compute-bound or the O accumulator is
 //                    <= 64 registers), 0 or 1 (1 must be legal: WN even, a partial S of
 //                    2 WR TN / 32 <= 32 registers, key runs on multiples of 32 columns).
+//                    Shared memory is the same either way.
+//   ping_pong        -1 (default: 1 when legal and compute-bound), 0 or 1 (1 must be legal: two
+//                    row groups, two stages, 16-bit staging, tile_n <= 32 WN). With it,
+//                    copy_interleave 1 spreads the copies over the first half of the k-steps.
 //                    Shared memory is the same either way.
 //
 // ## Shared memory and constraints, for the lowering (Python; mirrors the static_asserts)
@@ -217,14 +230,39 @@ struct DecodeTraits {
   // row group's rows of the P tile (free from barrier A until P is stored).
   static constexpr int kPairSlotBytes = kMT * kNTS * 4 / 2 * 4 * 32;
 
+  // ping_pong (see the header): the two row groups drift up to half a KV step apart, so that
+  // one group's softmax overlaps the other's products. Row group 1 alone copies the tiles (the
+  // producer); named barriers replace the CTA-wide barrier A:
+  //   FULL(i):  the producer, after waiting for its copies of tile i (after S = Q K^T of step
+  //             i - 1), arrives; row group 0 syncs at the top of step i.
+  //   EMPTY(i): row group 0 arrives at the top of step i + 1, right after FULL(i + 1) (it is
+  //             done with tile i); the producer syncs before copying tile i + 2 into tile i's
+  //             stage. (Arriving later, after row group 0's S = Q K^T, to enforce a lag: -5%.)
+  // Both alternate between two barrier ids by parity: a barrier is reused only after the other
+  // group has passed the previous use of it. Legal with two row groups, two stages, direct
+  // (16-bit) staging and tile_n <= 32 WN; by default on when the plan is compute-bound (H200:
+  // +5% on MLA h_q 128; GLA-2 h_q 128 within 1%).
+  static constexpr bool kPingPongLegal = kWarpsM == 2 && kStages == 2 && !kRaw && kTileN <= kWarpsN * 32;
+  static constexpr bool kPingPong = Cfg::kPingPong >= 0 ? Cfg::kPingPong != 0 : kPingPongLegal && kComputeBound;
+  static constexpr int kCopyThreads = kPingPong ? kWarpsN * 32 : kThreads;  // threads that copy tiles
+
   using QRows = SmemRows<Cfg::kDK>;
   using KVRows = SmemRows<Cfg::kStagedWidth>;
   using PRows = SmemRows<kTileN>;
-  using Copy = TileCopy<Cfg, KVRows, kRaw, kThreads>;
   // copy_interleave: 1 spreads the copies of the next KV tile over the k-steps of S = Q K^T (their
-  // issue then hides behind ldmatrix latency: +7% on compute-bound MLA), 0 issues them all at the
-  // top of the step (more bytes in flight sooner: better when memory-bound). -1: 1 when compute-bound.
-  static constexpr bool kInterleaveCopies = Cfg::kCopyInterleave >= 0 ? Cfg::kCopyInterleave != 0 : kComputeBound;
+  // issue then hides behind ldmatrix latency), 0 issues them all at the top of the step (more
+  // bytes in flight sooner: better when memory-bound). -1: 1 when compute-bound without
+  // ping_pong (H200: fp8 MLA h_q 128 202 vs 191 TFLOP/s). With ping_pong the producer waits for
+  // its copies right after S = Q K^T, so they go at the top (0, the default: MLA h_q 128 351 vs
+  // 322 TFLOP/s) or over the first half of its k-steps (1).
+  static constexpr bool kInterleaveCopies =
+      Cfg::kCopyInterleave >= 0 ? Cfg::kCopyInterleave != 0 : kComputeBound && !kPingPong;
+  static constexpr int kCopySteps = kPingPong ? kQKSteps / 2 : kQKSteps;  // k-steps the copies spread over
+  // Token-major copies (load.cuh) keep a pointer per pass and source live from the top of the
+  // step: fine for copies at the top, at most 2 through interleaved S = Q K^T (4 spilled).
+  static constexpr bool kTokenMajorCopies =
+      !kInterleaveCopies || kTileN * 8 / kCopyThreads * Cfg::kNumSources <= 2;
+  using Copy = TileCopy<Cfg, KVRows, kRaw, kCopyThreads, kTokenMajorCopies>;
   static constexpr int kKVBuffers = kRaw ? 1 : kStages;
   static constexpr int kKVTileBytes = KVRows::bytes(kTileN);
   static constexpr int kRawTileBytes = RawLayout<Cfg>::bytes(kTileN);
@@ -255,7 +293,10 @@ struct DecodeTraits {
   static_assert(!kQKSplit || kQKSplitLegal, "qk_split: WN even, partial S <= 32 registers, key runs on multiples of 32 columns");
   // Named barriers: 0 (__syncthreads), 1 .. WM (row groups), then one per qk_split pair.
   static constexpr int kPairBarrier0 = kWarpsM + 1;
-  static_assert(kPairBarrier0 + (kQKSplit ? Cfg::kWarps / 2 : 0) <= 16, "16 named barriers");
+  static constexpr int kFullBarrier0 = kPairBarrier0 + (kQKSplit ? Cfg::kWarps / 2 : 0);  // ping_pong: 2 each
+  static constexpr int kEmptyBarrier0 = kFullBarrier0 + 2;
+  static_assert(kEmptyBarrier0 + (kPingPong ? 2 : 0) <= 16, "16 named barriers");
+  static_assert(!kPingPong || kPingPongLegal, "ping_pong: two row groups, two stages, 16-bit staging, tile_n <= 32 WN");
   static_assert(!kQKSplit || kWarpsN * kPairSlotBytes <= PRows::bytes(kWarpRows), "pair_sum slots fit the row group's P rows");
   static_assert(kRedOff % 16 == 0, "red: 16-byte aligned rows of WN floats");
   static_assert(kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB: smaller tile_n, tile_m or stages");
@@ -410,6 +451,12 @@ __device__ __forceinline__ void zero(float (&x)[MT][NT][4]) {
 
 __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Arrive at named barrier `id` without waiting: releases this thread's prior writes (and, after
+// cp.async.wait_group, its completed copies) to the threads that then bar.sync on it.
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ void sts64(uint32_t addr, float x, float y) {
@@ -595,6 +642,11 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
+  // The threads that copy KV tiles and keep their slots: all, or (ping_pong) row group 1.
+  constexpr bool PP = T::kPingPong;
+  const bool producer = !PP || wm == 1;
+  const int ptid = PP ? tid - kRowGroupThreads : tid;  // index among the producers
+  const int slot_tid = producer ? ptid : N;            // SlotPrefetch: tokens < N have a thread
 
   // ---- the work of this CTA
   const CtaWork<Cfg> w = CtaWork<Cfg>::make(args, blockIdx.x);
@@ -618,10 +670,10 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
   SlotPrefetch<Cfg> pf;
 #pragma unroll
   for (int i = 0; i < S; ++i) {
-    pf.load(ss, tile_begin + i, tid);
-    pf.store(slot_ring + i * N, tile_begin + i, tid);
+    pf.load(ss, tile_begin + i, slot_tid);
+    pf.store(slot_ring + i * N, tile_begin + i, slot_tid);
   }
-  pf.load(ss, tile_begin + S, tid);
+  pf.load(ss, tile_begin + S, slot_tid);
   __syncthreads();
 
   // Where the copies of relative tile i land: its stage of the staged tile (direct mode) or of
@@ -641,7 +693,7 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
       q_any, tid);
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < n_iter) T::Copy::issue_all(args, copy_dst(i), slot_ring + i * N, head, tid);
+    if (i < n_iter && producer) T::Copy::issue_all(args, copy_dst(i), slot_ring + i * N, head, ptid);
     cp_async_commit();
   }
 
@@ -663,24 +715,39 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
       const int R = w.mb * M + wm * WR + mt * 16 + (lane >> 2) + 8 * h;
       row_limit[mt][h] = R < w.rows_total ? w.token_limit(w.row_token(R), kv_len, s_q) : 0;
     }
-  const float scale_log2 = args.softmax_scale * kLog2e;
+  const float scale_log2 = args.softmax_scale * kLog2e;  // > 0 (the host checks)
+  // Positions below full_limit are visible to every row of the CTA (the first row has the
+  // smallest query token): tiles below it skip the mask.
+  const int full_limit = w.token_limit(w.row_token(w.mb * M), kv_len, s_q);
 
   // ---- main loop over the split's KV tiles
   for (int it = 0; it < n_iter; ++it) {
-    cp_async_wait<S - 2>();
-    __syncthreads();  // A
-
-    // the copies of tile it + S - 1 (into the stage step it - 1 used), and the slots of tile it + S
-    const int nx = it + S - 1;
+    const int nx = it + S - 1;  // the tile copied in this step, into the stage step it - 1 used
     const bool copy_next = nx < n_iter;
+    if (!PP || it == 0) {
+      cp_async_wait<S - 2>();
+      __syncthreads();  // A: tile it visible (ping_pong: tile 0 and Q); step it - 1 done
+    } else if (!producer) {
+      bar_sync(T::kFullBarrier0 + (it & 1), T::kThreads);  // FULL(it)
+      if (copy_next) bar_arrive(T::kEmptyBarrier0 + ((it - 1) & 1), T::kThreads);  // EMPTY(it - 1)
+    } else if (copy_next) {
+      bar_sync(T::kEmptyBarrier0 + ((it - 1) & 1), T::kThreads);  // EMPTY(it - 1)
+    }
+
+    // the copies of tile nx and the slots of tile it + S (ping_pong: only while tiles are
+    // copied, after EMPTY(it - 1) has ordered them after every reader of the slots overwritten)
     const uint32_t nx_dst = copy_dst(nx);
     const int* nx_slots = slot_ring + (nx % (S + 1)) * N;
-    if constexpr (!T::kInterleaveCopies) {
-      if (copy_next) T::Copy::issue_all(args, nx_dst, nx_slots, head, tid);
-      cp_async_commit();
+    if (producer) {
+      if constexpr (!T::kInterleaveCopies) {
+        if (copy_next) T::Copy::issue_all(args, nx_dst, nx_slots, head, ptid);
+        cp_async_commit();
+      }
+      if (!PP || it == 0 || copy_next) {
+        pf.store(slot_ring + ((it + S) % (S + 1)) * N, tile_begin + it + S, slot_tid);
+        pf.load(ss, tile_begin + it + S + 1, slot_tid);
+      }
     }
-    pf.store(slot_ring + ((it + S) % (S + 1)) * N, tile_begin + it + S, tid);
-    pf.load(ss, tile_begin + it + S + 1, tid);
 
     uint32_t kv_tile;
     if constexpr (T::kRaw) {
@@ -695,10 +762,21 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
 
     // S = Q K^T (qk_split: the pair's partial blocks, summed by pair_sum)
     typename T::Copy::Cursor nx_cursor;
-    if constexpr (T::kInterleaveCopies) nx_cursor = T::Copy::cursor(args, nx_slots, head, tid);
+    if constexpr (T::kInterleaveCopies) {
+      if (producer) nx_cursor = T::Copy::cursor(args, nx_slots, head, ptid);
+    }
     auto copy_part = [&](auto j) {
-      if constexpr (T::kInterleaveCopies) {
-        if (copy_next) T::Copy::template issue<decltype(j)::value, T::kQKSteps>(args, nx_dst, nx_cursor, tid);
+      if constexpr (T::kInterleaveCopies && decltype(j)::value < T::kCopySteps) {
+        if (copy_next && producer) T::Copy::template issue<decltype(j)::value, T::kCopySteps>(args, nx_dst, nx_cursor, ptid);
+      }
+    };
+    // ping_pong: the producer hands over tile it + 1 (FULL), once its copies have landed
+    auto signal_full = [&] {
+      if constexpr (PP) {
+        if (producer && it + 1 < n_iter) {
+          cp_async_wait<0>();  // tile it + 1, copied at the top of this step
+          bar_arrive(T::kFullBarrier0 + ((it + 1) & 1), T::kThreads);  // FULL(it + 1); row group 1 sees it after B
+        }
       }
     };
     float s[MT][T::kNTS][4];
@@ -714,15 +792,18 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
       qk_tile<Cfg>(s, q_tile, kv_tile, wm, wn, lane, copy_part);
     }
     if constexpr (T::kInterleaveCopies) cp_async_commit();
+    signal_full();
 
-    // mask and scale
+    // mask (raw scores: the scale is folded into the softmax)
     const int col0 = wn * T::kTokPerWarp + 2 * (lane & 3);
-    scale_and_mask(s, scale_log2, [&](int mt, int h, int nt, int j) {
-      const int col = col0 + nt * 8 + j;
-      bool vis = pos0 + col < row_limit[mt][h];
-      if constexpr (Cfg::kSparse) vis = vis && slots[col] >= 0;
-      return vis;
-    });
+    if (Cfg::kSparse || pos0 + N > full_limit) {  // warp-uniform: the CTA's last tiles, or sparse
+      mask(s, [&](int mt, int h, int nt, int j) {
+        const int col = col0 + nt * 8 + j;
+        bool vis = pos0 + col < row_limit[mt][h];
+        if constexpr (Cfg::kSparse) vis = vis && slots[col] >= 0;
+        return vis;
+      });
+    }
 
     // row max across the row group
     float mx[MT][2];
@@ -748,7 +829,11 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
 
     // P = exp2(S - m'), l, O rescale; P -> shared
     float alpha[MT][2];
-    sm.update(s, mx, alpha);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) mx[mt][h] *= scale_log2;
+    sm.update(s, mx, scale_log2, alpha);
     {
       // Once the running max settles, alpha is 1 for every row: skip the rescale of O.
       bool moved = false;

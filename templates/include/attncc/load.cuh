@@ -155,9 +155,11 @@ __device__ __forceinline__ void for_each_item(int tid, F&& f) {
 //     per tile (Cursor) and every copy's shared address is a constant plus one per-thread value
 //     (LaneRow; staged columns on multiples of 8 chunks): a copy costs little more than its
 //     cp.async, which matters when the copies are spread over the k-steps of S = Q K^T.
-//   chunk-major (otherwise): ItemGrid over the [tile_n x chunks] grid of each source, a slot read
-//     and an address computation per copy.
-template <class Cfg, class Rows, bool kRaw, int kThreads>
+//   chunk-major (otherwise, or when the caller disallows token-major: its Cursor holds a pointer
+//     per pass and source, too many registers to keep live through S = Q K^T when the copies
+//     are interleaved there): ItemGrid over the [tile_n x chunks] grid of each source, a slot
+//     read and an address computation per copy.
+template <class Cfg, class Rows, bool kRaw, int kThreads, bool kAllowTokenMajor = true>
 struct TileCopy {
   using Raw = RawLayout<Cfg>;
   template <int I>
@@ -168,7 +170,7 @@ struct TileCopy {
   static constexpr int kTPT = 8;  // token-major: threads per token
   static constexpr int kPasses = Cfg::kTileN * kTPT % kThreads == 0 ? Cfg::kTileN * kTPT / kThreads : 0;
   __host__ __device__ static constexpr bool token_major() {
-    if (kPasses < 1) return false;
+    if (!kAllowTokenMajor || kPasses < 1) return false;
     for (int i = 0; i < Cfg::kNumSources; ++i)
       if (!kRaw && (Cfg::kSources[i].smem_col / 8) % kTPT != 0) return false;
     return true;

@@ -1,13 +1,19 @@
 // attncc/softmax.cuh: online softmax over mma C fragments, in the log2 domain.
 //
-// Scores are kept as s2 = (q . k) * scale * log2(e), so that exp(scale * q.k - M) is
-// exp2(s2 - m) with m = M * log2(e). Per query row the running state is
+// Scores are used as s2 = (q . k) * scale * log2(e), so that exp(scale * q.k - M) is
+// exp2(s2 - m) with m = M * log2(e). The products hand over raw q . k: the scale (positive, so
+// the row max commutes with it) is applied to the row max and folded into the exp2 argument,
+// exp2(fma(q.k, c, -m)) with c = scale * log2(e). Per query row the running state is
 //     m  = max of s2 seen so far          (-inf before the first visible key)
 //     l  = sum of exp2(s2 - m)            (this thread's columns only; summed at the end)
 //     O  = sum of exp2(s2 - m) * v        (the caller's accumulator)
 // and a new block of scores with row max mx updates it as
 //     m' = max(m, mx),  alpha = exp2(m - m'),  P = exp2(s2 - m'),
 //     l' = alpha * l + rowsum(P),  O' = alpha * O + P V.
+// m is only a reference point: any m with s2 - m bounded keeps P, l and O in range, and the
+// result O / l does not depend on it. So m moves only when the max exceeds it by more than
+// kRescaleSlack (P <= 2^kRescaleSlack meanwhile): after the first few tiles alpha is 1 and the
+// caller skips the rescale of O (FlashAttention-4's lazy rescaling).
 // A row that has seen no visible key keeps m = -inf; exp2 is then taken against 0 instead of
 // m', so that P = exp2(-inf) = 0 and nothing is NaN. At the end
 //     out = O / l,   lse = ln(sum exp(scale * q.k)) = (m + log2(l)) * ln(2)
@@ -23,6 +29,7 @@
 namespace attncc {
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kRescaleSlack = 8.f;  // log2 of the largest P between rescales
 constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -41,15 +48,15 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// s = visible(mt, h, nt, j) ? s * scale_log2 : -inf
+// s = visible(mt, h, nt, j) ? s : -inf
 template <int MT, int NT, class Visible>
-__device__ __forceinline__ void scale_and_mask(float (&s)[MT][NT][4], float scale_log2, Visible visible) {
+__device__ __forceinline__ void mask(float (&s)[MT][NT][4], Visible visible) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) s[mt][nt][j] = visible(mt, j >> 1, nt, j & 1) ? s[mt][nt][j] * scale_log2 : -INFINITY;
+      for (int j = 0; j < 4; ++j) s[mt][nt][j] = visible(mt, j >> 1, nt, j & 1) ? s[mt][nt][j] : -INFINITY;
 }
 
 // Row max of this warp's columns of s, complete across the quad.
@@ -81,15 +88,16 @@ struct OnlineSoftmax {
       }
   }
 
-  // Given the block's row max mx (over all the CTA's columns of this KV step), turn s into P,
-  // update m and l, and return alpha, the factor by which O must be rescaled.
+  // Given the raw scores s (q . k) and the block's row max mx in the log2 domain (over all the
+  // CTA's columns of this KV step, times c = scale * log2(e)), turn s into P, update m and l,
+  // and return alpha, the factor by which O must be rescaled.
   template <int NT>
-  __device__ __forceinline__ void update(float (&s)[MT][NT][4], const float (&mx)[MT][2], float (&alpha)[MT][2]) {
+  __device__ __forceinline__ void update(float (&s)[MT][NT][4], const float (&mx)[MT][2], float c, float (&alpha)[MT][2]) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[mt][h], mx[mt][h]);
+        const float m_new = mx[mt][h] > m[mt][h] + kRescaleSlack ? mx[mt][h] : m[mt][h];  // (-inf: first visible)
         const float ref = m_new == -INFINITY ? 0.f : m_new;
         alpha[mt][h] = fast_exp2(m[mt][h] - ref);
         float sum = 0.f;
@@ -97,7 +105,7 @@ struct OnlineSoftmax {
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            const float p = fast_exp2(s[mt][nt][2 * h + j] - ref);
+            const float p = fast_exp2(fmaf(s[mt][nt][2 * h + j], c, -ref));
             s[mt][nt][2 * h + j] = p;
             sum += p;
           }
