@@ -77,6 +77,14 @@ EXTRA = {
     tokens topk 128
     query len <= 2
 }""",
+    "sparse_bf16_h128": """attention sparse_bf16_h128 {
+    heads q = 128, kv = 1
+    cache paged(64) { latent: bf16[512]  rope: bf16[64] }
+    key = latent ++ rope
+    value = latent
+    tokens topk 200
+    query len <= 2
+}""",
     "gqa8_separate": """attention gqa8_separate {
     heads q = 32, kv = 8
     cache paged(16) separate { k: bf16[128]  v: bf16[128] }
