@@ -112,8 +112,11 @@ def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, i
     args.batch, args.s_q, args.num_splits = batch, s_q, splits
     args.softmax_scale = scale
     args.stream = torch.cuda.current_stream(q.device).cuda_stream
-    with torch.cuda.device(q.device):
-        library.launch(args)
+    if q.device.index == torch.cuda.current_device():
+        library.launch(args)  # the common case: no device switch on the hot path
+    else:
+        with torch.cuda.device(q.device):
+            library.launch(args)
     return out, lse
 
 
