@@ -81,12 +81,14 @@ def measure_ceilings(device="cuda") -> dict:
 
 
 WARMUP_SECONDS = 0.3  # the SM clock idles low between configurations: run it up first
-# GPU cycles of the spin kernel queued before each timed call: longer than the host takes to
-# enqueue a call (~0.1 ms), so that the start event does not wait for the host.
-HOST_COVER_CYCLES = 1_000_000
+# The spin kernel queued before each timed call lasts twice the host's median enqueue time of
+# the call (at ~2 GHz), so that the start event does not wait for the host, and not much
+# longer (the rest of the GPU idles meanwhile).
+SPIN_CYCLES_PER_SECOND = 2e9
+SPIN_MIN_CYCLES, SPIN_MAX_CYCLES = 50_000, 1_000_000
 
 
-def _median_seconds(fn, flush, iters: int) -> float:
+def _median_seconds(fn, flush, iters: int, cover_seconds: float = 0.0) -> float:
     import time
 
     start = time.perf_counter()
@@ -101,7 +103,9 @@ def _median_seconds(fn, flush, iters: int) -> float:
     for _ in range(iters):
         if flush is not None:
             flush()
-        torch.cuda._sleep(HOST_COVER_CYCLES)
+        if cover_seconds:
+            torch.cuda._sleep(int(min(max(2 * cover_seconds * SPIN_CYCLES_PER_SECOND, SPIN_MIN_CYCLES),
+                                      SPIN_MAX_CYCLES)))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -176,8 +180,9 @@ def run_config(kernel: Kernel, cfg: Config, ceilings: dict, iters: int = 20,
         if not cmp.ok:
             raise AssertionError(f"{spec.name} {cfg.label()}: wrong result: {cmp}")
     flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    seconds = _median_seconds(lambda: kernel.op(*args), flush=flush_buf.zero_, iters=iters)
     host_seconds = _host_seconds(lambda: kernel.op(*args))
+    seconds = _median_seconds(lambda: kernel.op(*args), flush=flush_buf.zero_, iters=iters,
+                              cover_seconds=host_seconds)
     roof = roofline(spec, cfg.batch, cfg.seqlen, cfg.s_q)
     gbps, tflops = roof.bytes / seconds / 1e9, roof.flops / seconds / 1e12
     floor = max(roof.bytes / (ceilings["copy_GBps"] * 1e9), roof.flops / (ceilings["gemm_TFLOPs"] * 1e12))
