@@ -237,7 +237,7 @@ struct DecodeTraits {
   //             i - 1), arrives; row group 0 syncs at the top of step i.
   //   EMPTY(i): row group 0 arrives at the top of step i + 1, right after FULL(i + 1) (it is
   //             done with tile i); the producer syncs before copying tile i + 2 into tile i's
-  //             stage. (Arriving later, after row group 0's S = Q K^T, to enforce a lag: -5%.)
+  //             stage. (Arriving later, after row group 0's S = Q K^T, to enforce a lag: -3%.)
   // Both alternate between two barrier ids by parity: a barrier is reused only after the other
   // group has passed the previous use of it. Legal with two row groups, two stages, direct
   // (16-bit) staging and tile_n <= 32 WN; by default on when the plan is compute-bound (H200:
