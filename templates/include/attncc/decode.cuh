@@ -258,10 +258,10 @@ struct DecodeTraits {
   static constexpr bool kInterleaveCopies =
       Cfg::kCopyInterleave >= 0 ? Cfg::kCopyInterleave != 0 : kComputeBound && !kPingPong;
   static constexpr int kCopySteps = kPingPong ? kQKSteps / 2 : kQKSteps;  // k-steps the copies spread over
-  // Token-major copies (load.cuh) keep a pointer per pass and source live from the top of the
-  // step: fine for copies at the top, at most 2 through interleaved S = Q K^T (4 spilled).
+  // Token-major copies (load.cuh) keep their Cursor's pointers live from the top of the step:
+  // fine for copies at the top, at most 2 through interleaved S = Q K^T (4 spilled).
   static constexpr bool kTokenMajorCopies =
-      !kInterleaveCopies || kTileN * 8 / kCopyThreads * Cfg::kNumSources <= 2;
+      !kInterleaveCopies || TileCopy<Cfg, KVRows, kRaw, kCopyThreads>::kCursorPointers <= 2;
   using Copy = TileCopy<Cfg, KVRows, kRaw, kCopyThreads, kTokenMajorCopies>;
   static constexpr int kKVBuffers = kRaw ? 1 : kStages;
   static constexpr int kKVTileBytes = KVRows::bytes(kTileN);
@@ -576,6 +576,35 @@ __device__ __forceinline__ void load_row(const float* row, float (&v)[WN]) {
   }
 }
 
+// x[mt][h], one value per row of this warp (the same in the 4 lanes of a quad), combined with
+// `op` over the WN warps of the row group, through `red` ([tile_m][WN]) and one row-group
+// barrier. The caller orders the write after every earlier read of `red`.
+template <class Cfg, class Op>
+__device__ __forceinline__ void row_group_reduce(float (&x)[DecodeTraits<Cfg>::kMT][2], float* red, int wm, int wn,
+                                                 int lane, Op op) {
+  using T = DecodeTraits<Cfg>;
+  constexpr int MT = T::kMT, WN = T::kWarpsN;
+  auto row = [&](int mt, int h) { return red + (wm * T::kWarpRows + mt * 16 + (lane >> 2) + 8 * h) * WN; };
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) row(mt, h)[wn] = x[mt][h];
+  }
+  row_group_sync(wm, WN * 32);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v[WN];
+      load_row(row(mt, h), v);
+      float r = v[0];
+#pragma unroll
+      for (int w = 1; w < WN; ++w) r = op(r, v[w]);
+      x[mt][h] = r;
+    }
+}
+
 __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v));
 }
@@ -808,31 +837,10 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
     // row max across the row group
     float mx[MT][2];
     warp_row_max(s, mx);
-    if constexpr (T::kWarpsN > 1) {
-      if ((lane & 3) == 0) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) red[(wm * WR + mt * 16 + (lane >> 2) + 8 * h) * T::kWarpsN + wn] = mx[mt][h];
-      }
-      row_group_sync(wm, kRowGroupThreads);  // B
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float v[T::kWarpsN];
-          load_row(red + (wm * WR + mt * 16 + (lane >> 2) + 8 * h) * T::kWarpsN, v);
-#pragma unroll
-          for (int w = 0; w < T::kWarpsN; ++w) mx[mt][h] = fmaxf(mx[mt][h], v[w]);
-        }
-    }
+    if constexpr (T::kWarpsN > 1) row_group_reduce<Cfg>(mx, red, wm, wn, lane, [](float a, float b) { return fmaxf(a, b); });  // B
 
     // P = exp2(S - m'), l, O rescale; P -> shared
     float alpha[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) mx[mt][h] *= scale_log2;
     sm.update(s, mx, scale_log2, alpha);
     {
       // Once the running max settles, alpha is 1 for every row: skip the rescale of O.
@@ -869,24 +877,7 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
     for (int h = 0; h < 2; ++h) l[mt][h] = quad_sum(sm.l[mt][h]);
   if constexpr (T::kWarpsN > 1) {
     __syncthreads();  // every warp is past its last read of `red`
-    if ((lane & 3) == 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) red[(wm * WR + mt * 16 + (lane >> 2) + 8 * h) * T::kWarpsN + wn] = l[mt][h];
-    }
-    row_group_sync(wm, kRowGroupThreads);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float v[T::kWarpsN];
-        load_row(red + (wm * WR + mt * 16 + (lane >> 2) + 8 * h) * T::kWarpsN, v);
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < T::kWarpsN; ++w) sum += v[w];
-        l[mt][h] = sum;
-      }
+    row_group_reduce<Cfg>(l, red, wm, wn, lane, [](float a, float b) { return a + b; });
   }
 
   // The CTA's coordinates again, from a fresh read of the block index, so that they need not

@@ -176,6 +176,7 @@ struct TileCopy {
     return true;
   }
   static constexpr bool kTokenMajor = token_major();
+  static constexpr int kCursorPointers = kTokenMajor ? kPasses * Cfg::kNumSources : 0;  // Cursor::row in use
   // Token-major: chunks of source i per thread and token.
   __host__ __device__ static constexpr int token_chunks(int i) { return ceil_div(Cfg::kSources[i].data_bytes() / 16, kTPT); }
 

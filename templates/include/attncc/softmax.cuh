@@ -88,16 +88,17 @@ struct OnlineSoftmax {
       }
   }
 
-  // Given the raw scores s (q . k) and the block's row max mx in the log2 domain (over all the
-  // CTA's columns of this KV step, times c = scale * log2(e)), turn s into P, update m and l,
-  // and return alpha, the factor by which O must be rescaled.
+  // Given the raw scores s (q . k) and their row max mx (over all the CTA's columns of this KV
+  // step), with c = scale * log2(e), turn s into P, update m and l, and return alpha, the
+  // factor by which O must be rescaled.
   template <int NT>
   __device__ __forceinline__ void update(float (&s)[MT][NT][4], const float (&mx)[MT][2], float c, float (&alpha)[MT][2]) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float m_new = mx[mt][h] > m[mt][h] + kRescaleSlack ? mx[mt][h] : m[mt][h];  // (-inf: first visible)
+        const float mx2 = mx[mt][h] * c;  // the row max in the log2 domain
+        const float m_new = mx2 > m[mt][h] + kRescaleSlack ? mx2 : m[mt][h];  // (-inf: first visible)
         const float ref = m_new == -INFINITY ? 0.f : m_new;
         alpha[mt][h] = fast_exp2(m[mt][h] - ref);
         float sum = 0.f;
