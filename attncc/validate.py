@@ -72,7 +72,8 @@ def cache_pages(spec: Spec, cache, device=None) -> int:
 def call_arguments(spec: Spec, q, cache, block_table, seqlens, indices,
                    check_values: bool = True) -> None:
     """Check shapes, dtypes and devices; with check_values also the contents that would
-    make the kernel read out of bounds (this reads them back from the device)."""
+    make the kernel read out of bounds (read back from the device in one copy: one host
+    sync per eager call; skipped under capture and compilation)."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
     elem = storage.torch_dtype(spec.elem)
@@ -94,7 +95,7 @@ def call_arguments(spec: Spec, q, cache, block_table, seqlens, indices,
         if seqlens is not None:
             _expect_tensor("seqlens", seqlens, (batch,), torch.int32, q.device)
         if check_values and indices.numel():
-            low, high = int(indices.min()), int(indices.max())
+            low, high = _read_back(indices.min(), indices.max())
             if low < -1 or high >= slots:
                 raise ValueError(f"indices: expected slots in [0, {slots}) or -1, got values "
                                  f"in [{low}, {high}]")
@@ -108,20 +109,28 @@ def call_arguments(spec: Spec, q, cache, block_table, seqlens, indices,
     _expect_tensor("seqlens", seqlens, (batch,), torch.int32, q.device)
     if not check_values or batch == 0:
         return
-    longest, shortest = int(seqlens.max()), int(seqlens.min())
+    used_pages = (seqlens.long().clamp(min=0) + spec.page_size - 1) // spec.page_size
+    columns = torch.arange(block_table.shape[1], device=q.device)
+    bad = (columns[None, :] < used_pages[:, None]) & ((block_table < 0) | (block_table >= pages))
+    no_entry = bad.numel()  # the flat index of the first bad entry, or this when none is
+    first_bad = torch.where(bad.flatten(), torch.arange(no_entry, device=q.device), no_entry).min() \
+        if no_entry else torch.zeros((), dtype=torch.long, device=q.device)
+    shortest, longest, first_bad = _read_back(seqlens.min(), seqlens.max(), first_bad)
     if shortest < 0:
         raise ValueError(f"seqlens: expected lengths >= 0, got {shortest}")
     capacity = block_table.shape[1] * spec.page_size
     if longest > capacity:
         raise ValueError(f"block_table: {block_table.shape[1]} pages of {spec.page_size} hold "
                          f"{capacity} tokens, but seqlens has a sequence of {longest}")
-    used_pages = (seqlens.long() + spec.page_size - 1) // spec.page_size
-    used = torch.arange(block_table.shape[1], device=q.device)[None, :] < used_pages[:, None]
-    bad = used & ((block_table < 0) | (block_table >= pages))
-    if bool(bad.any()):
-        b, col = (int(i) for i in bad.nonzero()[0])
+    if first_bad < no_entry:
+        b, col = divmod(first_bad, block_table.shape[1])
         raise ValueError(f"block_table: entry [{b}, {col}] = {int(block_table[b, col])} is not "
                          f"a page of the cache (0..{pages - 1})")
+
+
+def _read_back(*scalars: torch.Tensor) -> list[int]:
+    """Device scalars to Python ints in one copy: one host sync per call, not one each."""
+    return torch.stack([x.long() for x in scalars]).tolist()
 
 
 def write_arguments(spec: Spec, cache, slots, values: dict) -> None:
