@@ -1,0 +1,129 @@
+// attncc/schedule.cuh: the balanced split-KV schedule ("parts"), as plain integer arithmetic
+// shared by the decode kernel, the combine kernel and a host-side test.
+//
+// Split mode gives every sequence the same number of splits: with more CTAs than the SMs hold,
+// the last wave runs partly empty, and a long sequence among short ones leaves a long tail.
+// Balanced mode (FlashMLA's tile scheduler) lays the KV tiles of all sequences end to end,
+//     sequence s owns tiles [base(s), base(s) + n(s)) of T = sum n(s),   base(s) = sum_{r<s} n(r)
+// and cuts that line into P equal parts, part p = [begin(p), begin(p + 1)), begin(p) = p T / P.
+// The CTAs of one part (one per lane: row block x kv head, which read the same KV tiles at
+// about the same time and so share them in L2) walk the sequences the part crosses; each
+// sequence's stretch inside the part is a piece. A sequence inside one part is written directly;
+// the pieces of a sequence that crosses parts leave partials (combine.cuh merges them). Only a
+// part's first and last pieces can be partial, so 2 P partial slots serve any batch:
+//     slot = 2 p      the piece starts at begin(p) (it continues a sequence, or begins one there)
+//     slot = 2 p + 1  the piece starts later (it runs to the part's end)
+// A sequence of no tiles is a piece of the part where its base falls (the last part when its
+// base is T), written directly: out = 0, lse = -inf.
+#pragma once
+
+namespace attncc {
+
+// First tile of part p of `parts` over `total` tiles.
+__host__ __device__ __forceinline__ long long part_begin(int p, long long total, int parts) {
+  return p * total / parts;
+}
+
+// The part holding tile x (0 <= x < total): the last p with part_begin(p) <= x, so empty parts
+// (part_begin(p) == part_begin(p + 1)) are never chosen.
+__host__ __device__ __forceinline__ int part_of(long long x, long long total, int parts) {
+  return static_cast<int>(((x + 1) * parts - 1) / total);
+}
+
+// One sequence's stretch inside one part, in the sequence's own tiles [tile_begin, tile_end).
+struct Piece {
+  int seq, tile_begin, tile_end;
+  int slot;  // partial slot, or -1: the whole sequence (write out and lse)
+};
+
+// The pieces of part p, in order. The first sequence of the part and its base come from a scan
+// of the tile counts (decode.cuh does it with a warp; first_seq_sequential below is the
+// reference); then next(n) takes the tile count n of the current sequence.
+struct PartWalk {
+  int part, parts, num_seqs;
+  long long total, begin, end;  // the part's tiles [begin, end)
+  int seq;                      // the current sequence
+  long long base;               // its first tile on the line
+
+  __host__ __device__ static PartWalk start(int p, int P, int num_seqs, long long total, int first_seq, long long first_base) {
+    PartWalk w;
+    w.part = p;
+    w.parts = P;
+    w.num_seqs = num_seqs;
+    w.total = total;
+    w.begin = part_begin(p, total, P);
+    w.end = part_begin(p + 1, total, P);
+    w.seq = first_seq;
+    w.base = first_base;
+    return w;
+  }
+  // Whether sequence `seq` is a piece of this part. An empty part (begin == end) has none,
+  // except the last, which takes the sequences of no tiles at the end of the line.
+  __host__ __device__ bool has_piece() const {
+    if (seq >= num_seqs) return false;
+    if (part == parts - 1) return true;
+    return begin < end && base < end;
+  }
+  // The current sequence's piece (n: its tile count).
+  __host__ __device__ Piece piece(int n) const {
+    const long long lo = base > begin ? base : begin;
+    const long long hi = base + n < end ? base + n : end;
+    Piece pc;
+    pc.seq = seq;
+    pc.tile_begin = static_cast<int>(lo - base);
+    pc.tile_end = static_cast<int>(hi > lo ? hi - base : lo - base);
+    const bool whole = base >= begin && base + n <= end;
+    pc.slot = whole ? -1 : (lo == begin ? 2 * part : 2 * part + 1);
+    return pc;
+  }
+  __host__ __device__ void next(int n) {
+    base += n;
+    ++seq;
+  }
+};
+
+// The first sequence with a piece in a part starting at tile `begin`: the first s with
+// base(s) >= begin (it starts in the part) or base(s + 1) > begin (it crosses begin). Sets
+// *first_base = base(s); returns num_seqs when there is none.
+template <class Tiles>
+__host__ __device__ int first_seq_sequential(const Tiles& tiles, int num_seqs, long long begin, long long* first_base) {
+  long long base = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const long long next = base + tiles(s);
+    if (base >= begin || next > begin) {
+      *first_base = base;
+      return s;
+    }
+    base = next;
+  }
+  *first_base = base;
+  return num_seqs;
+}
+
+// The pieces of one sequence as the combine sees them: parts first..last, skipping empty ones.
+// Valid for a sequence with n > 0 tiles that crosses parts (first < last).
+struct SeqPieces {
+  long long base, total;
+  int n, parts, first, last;
+
+  __host__ __device__ static SeqPieces of(long long base, int n, long long total, int parts) {
+    SeqPieces s;
+    s.base = base;
+    s.n = n;
+    s.total = total;
+    s.parts = parts;
+    s.first = n > 0 ? part_of(base, total, parts) : -1;
+    s.last = n > 0 ? part_of(base + n - 1, total, parts) : -1;
+    return s;
+  }
+  __host__ __device__ bool whole() const { return first == last; }  // written directly (or n == 0)
+  // The partial slot of the piece in part p (first <= p <= last), or -1 when part p is empty.
+  __host__ __device__ int slot(int p) const {
+    const long long b = part_begin(p, total, parts);
+    if (b == part_begin(p + 1, total, parts)) return -1;
+    const long long lo = base > b ? base : b;
+    return lo == b ? 2 * p : 2 * p + 1;
+  }
+};
+
+}  // namespace attncc

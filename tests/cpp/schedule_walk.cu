@@ -1,0 +1,52 @@
+// Host driver for tests/test_schedule.py: runs attncc/schedule.cuh's balanced schedule on
+// cases read from stdin ("P n_0 n_1 ..." per line: parts, then each sequence's tile count) and
+// prints what the decode kernel's walk and the combine's lookup would do:
+//     W part seq tile_begin tile_end slot     one line per piece, parts in order
+//     C seq slot...                           the partial slots the combine merges ("C seq -":
+//                                             none, the kernel wrote the sequence directly)
+//     E                                       end of a case
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attncc/schedule.cuh"
+
+int main() {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    int parts = 0;
+    if (!(in >> parts)) continue;
+    std::vector<int> n;
+    for (int x; in >> x;) n.push_back(x);
+    const int num_seqs = static_cast<int>(n.size());
+    auto tiles = [&](int s) { return n[s]; };
+    long long total = 0;
+    for (int x : n) total += x;
+
+    for (int p = 0; p < parts; ++p) {
+      long long first_base = 0;
+      const int first = attncc::first_seq_sequential(tiles, num_seqs, attncc::part_begin(p, total, parts), &first_base);
+      for (auto w = attncc::PartWalk::start(p, parts, num_seqs, total, first, first_base); w.has_piece(); w.next(n[w.seq])) {
+        const attncc::Piece pc = w.piece(n[w.seq]);
+        std::cout << "W " << p << ' ' << pc.seq << ' ' << pc.tile_begin << ' ' << pc.tile_end << ' ' << pc.slot << '\n';
+      }
+    }
+    long long base = 0;
+    for (int s = 0; s < num_seqs; ++s) {
+      const auto sp = attncc::SeqPieces::of(base, n[s], total, parts);
+      std::cout << "C " << s;
+      if (sp.whole()) {
+        std::cout << " -";
+      } else {
+        for (int p = sp.first; p <= sp.last; ++p)
+          if (sp.slot(p) >= 0) std::cout << ' ' << sp.slot(p);
+      }
+      std::cout << '\n';
+      base += n[s];
+    }
+    std::cout << "E\n";
+  }
+  return 0;
+}

@@ -1,0 +1,122 @@
+"""The balanced split-KV schedule of templates/include/attncc/schedule.cuh, run on the host.
+
+tests/cpp/schedule_walk.cu compiles the header's arithmetic (the code the decode and combine
+kernels run) into a host program; these tests feed it ragged batches and check what the
+kernels rely on: every tile of every sequence is covered by exactly one piece, the parts are
+equal to a tile, a sequence inside one part is written directly and only then, the partial
+slots the decode writes are the ones the combine reads, in the same order, and no two pieces
+share a slot."""
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import attncc.build
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _nvcc():
+    try:
+        return attncc.build.nvcc()
+    except Exception:  # noqa: BLE001 - any failure to find the toolkit means skip
+        return None
+
+
+pytestmark = pytest.mark.skipif(_nvcc() is None, reason="nvcc not found (CUDA toolkit needed)")
+
+
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("schedule") / "schedule_walk"
+    subprocess.run([str(_nvcc()), "-std=c++17", "-O1", "-I", str(ROOT / "templates" / "include"),
+                    str(ROOT / "tests" / "cpp" / "schedule_walk.cu"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+
+    def run(cases):
+        text = "".join(f"{parts} {' '.join(map(str, tiles))}\n" for parts, tiles in cases)
+        out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout
+        results, pieces, combine = [], [], {}
+        for line in out.splitlines():
+            tag, *rest = line.split()
+            if tag == "W":
+                pieces.append(tuple(map(int, rest)))
+            elif tag == "C":
+                combine[int(rest[0])] = None if rest[1:] == ["-"] else [int(x) for x in rest[1:]]
+            else:
+                results.append((pieces, combine))
+                pieces, combine = [], {}
+        return results
+
+    return run
+
+
+def _check(parts, tiles, pieces, combine):
+    total = sum(tiles)
+    label = f"parts={parts} tiles={tiles}"
+    by_seq = {s: [] for s in range(len(tiles))}
+    part_tiles = [0] * parts
+    for part, seq, lo, hi, slot in pieces:
+        by_seq[seq].append((part, lo, hi, slot))
+        part_tiles[part] += hi - lo
+    # the parts cut the line into equal lengths (to a tile)
+    assert part_tiles == [(p + 1) * total // parts - p * total // parts for p in range(parts)], label
+    written = []
+    for seq, n in enumerate(tiles):
+        got = by_seq[seq]
+        assert got, f"{label}: sequence {seq} has no piece"
+        # the pieces tile [0, n) in order, once, each non-empty (zero tiles: one empty piece)
+        assert got[0][1] == 0 and got[-1][2] == n, f"{label}: seq {seq} {got}"
+        assert all(a[2] == b[1] for a, b in zip(got, got[1:])), f"{label}: seq {seq} {got}"
+        assert all(hi > lo for _, lo, hi, _ in got) or (n == 0 and len(got) == 1), f"{label}: {got}"
+        assert [p for p, *_ in got] == sorted({p for p, *_ in got}), f"{label}: seq {seq} {got}"
+        slots = [slot for *_, slot in got]
+        if len(got) == 1:
+            assert slots == [-1] and combine[seq] is None, f"{label}: seq {seq} {got} {combine[seq]}"
+        else:
+            assert -1 not in slots, f"{label}: a piece of split seq {seq} written directly"
+            assert combine[seq] == slots, f"{label}: seq {seq} decode {slots} combine {combine[seq]}"
+            written += slots
+    assert len(written) == len(set(written)), f"{label}: partial slots reused: {sorted(written)}"
+    assert all(0 <= s < 2 * parts for s in written), label
+
+
+def test_fixed_cases(walk):
+    cases = [
+        (1, [5]), (3, [5]), (4, [1, 1]), (8, [0, 0, 3]), (2, [0]), (3, []), (5, [0, 0]),
+        (33, [128] * 128),                 # MLA h_q 128, b = 128, s_k = 8192, tile_n 64
+        (4, [3, 0, 0, 9, 0]), (7, [0, 2, 0]), (2, [4, 0, 4]), (3, [1, 0, 0, 0, 2]),
+        (16, [1000, 1, 1, 1]),             # one long sequence among short ones
+    ]
+    for (parts, tiles), (pieces, combine) in zip(cases, walk(cases)):
+        _check(parts, tiles, pieces, combine)
+
+
+def test_random_ragged_batches(walk):
+    rng = random.Random(7)
+    cases = []
+    for _ in range(400):
+        parts = rng.choice([1, 2, 3, 5, 8, 16, 33, 66, 132])
+        kind = rng.random()
+        size = rng.randrange(0, 60)
+        if kind < 0.3:
+            tiles = [rng.choice([0, 0, 1, 2, 3]) for _ in range(size)]        # fewer tiles than parts
+        elif kind < 0.6:
+            tiles = [rng.randrange(0, 300) for _ in range(size)]
+        else:
+            tiles = [rng.choice([0, 1, rng.randrange(2, 2000)]) for _ in range(size)]
+        cases.append((parts, tiles))
+    for (parts, tiles), (pieces, combine) in zip(cases, walk(cases)):
+        _check(parts, tiles, pieces, combine)
+
+
+def test_the_check_catches_a_broken_walk(walk):
+    """The invariants are not vacuous: a dropped piece or a swapped slot fails them."""
+    (pieces, combine), = walk([(3, [5, 4, 4])])
+    _check(3, [5, 4, 4], pieces, combine)
+    with pytest.raises(AssertionError):
+        _check(3, [5, 4, 4], pieces[1:], combine)
+    split = next(s for s, slots in combine.items() if slots)
+    with pytest.raises(AssertionError):
+        _check(3, [5, 4, 4], pieces, {**combine, split: combine[split][::-1]})
