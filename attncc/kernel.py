@@ -45,8 +45,9 @@ class Kernel:
     @property
     def op(self):
         """torch.ops.attncc.<name>_<hash>(q, cache_list, block_table, seqlens, indices,
-        scale, num_splits) -> (out, lse); raises the plan's error for a spec the CUDA
-        path cannot take."""
+        scale, num_splits) -> (out, lse); num_splits 0 lets the launch choose, n >= 1 gives
+        each sequence n splits, -p cuts all sequences' tiles into p balanced parts. Raises
+        the plan's error for a spec the CUDA path cannot take."""
         if self._plan_error is not None:
             raise self._plan_error
         return self._op

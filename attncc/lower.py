@@ -81,6 +81,7 @@ class Plan:
     target: str
     num_sms: int
     smem_bytes: int
+    compute_bound: bool  # sets the kernel's defaults and, with split_kv auto, balanced parts
     not_applied: tuple[str, ...] = field(default=())  # schedule knobs this path ignores
 
     def template_dict(self) -> dict:
@@ -93,9 +94,12 @@ class Plan:
     def __call__(self, seqlens, s_q: int = 1, num_sms: int | None = None) -> "DecodeMetadata":
         """Scheduling metadata for one decode step, shared by all layers of that step
         (`k.plan(seqlens)`): the split count from the longest sequence actually present
-        instead of the block table's capacity. Reads seqlens once (a host sync)."""
+        instead of the block table's capacity. Reads seqlens once (a host sync). Plans that
+        balance parts need no lengths on the host: their count stays 0 (chosen at launch)."""
         lengths = [int(x) for x in (seqlens.tolist() if hasattr(seqlens, "tolist") else seqlens)]
         longest = self.topk if self.sparse else max(lengths + [0])
+        if balanced(self):
+            return DecodeMetadata(0, longest)
         sms = num_sms or self.num_sms
         return DecodeMetadata(num_splits(self, len(lengths), s_q, longest, sms), longest)
 
@@ -105,7 +109,9 @@ class Plan:
             f"{self.stages} stages, {self.warps} warps, {self.smem_bytes} B shared memory",
             f"  staged token row: {self.staged_width} x {self.elem} from "
             + ", ".join(f"{s.segment}[{s.seg_lo}:{s.seg_lo + s.width}]" for s in self.sources),
-            f"  split_kv {self.split_kv} (count chosen per call from batch, heads and {self.num_sms} SMs)",
+            (f"  split_kv {self.split_kv}: balanced, all sequences' KV tiles cut into equal parts, one "
+             f"per SM (row blocks x kv heads CTAs each)" if balanced(self) else
+             f"  split_kv {self.split_kv} (count chosen per call from batch, heads and {self.num_sms} SMs)"),
         ]
         lines += [f"  note: `{k}` is not yet applied on this path (Hopper schedules come later)"
                   for k in self.not_applied]
@@ -116,6 +122,24 @@ class Plan:
 class DecodeMetadata:
     num_splits: int
     longest: int
+
+
+def balanced(plan: Plan) -> bool:
+    """split_kv auto on a compute-bound plan: cut the tiles of all sequences into equal
+    parts (schedule.cuh) rather than each sequence into equal splits. Memory-bound plans
+    keep splits: they run several CTAs per SM, which already evens out the waves."""
+    return plan.split_kv == "auto" and plan.compute_bound
+
+
+def lanes(plan: Plan, s_q: int) -> int:
+    """CTAs that read the same KV tiles: row blocks x kv heads."""
+    rows = plan.group * (1 if plan.sparse else s_q)
+    return plan.heads_kv * math.ceil(rows / plan.tile_m)
+
+
+def num_parts(plan: Plan, s_q: int, sms: int, ctas_per_sm: int) -> int:
+    """Parts of a balanced launch: as many as fill the SMs once, lanes CTAs each."""
+    return max(1, sms * max(ctas_per_sm, 1) // lanes(plan, s_q))
 
 
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (prologue, combine) dominates
@@ -129,8 +153,7 @@ def num_splits(plan: Plan, batch: int, s_q: int, kv_tokens: int, sms: int) -> in
     tiles = max(1, math.ceil(kv_tokens / plan.tile_n))
     if isinstance(plan.split_kv, int):
         return max(1, min(plan.split_kv, tiles))
-    rows = plan.group * (1 if plan.sparse else s_q)
-    units = batch * (s_q if plan.sparse else 1) * plan.heads_kv * math.ceil(rows / plan.tile_m)
+    units = batch * (s_q if plan.sparse else 1) * lanes(plan, s_q)
     most = max(1, kv_tokens // max(plan.tile_n, MIN_TOKENS_PER_SPLIT))
     return max(1, min(most, math.ceil(sms / max(units, 1))))
 
@@ -224,6 +247,15 @@ def _raw_pitch(sources) -> int:
     return total
 
 
+WORK_STASH_BYTES = 128  # decode.cuh's kWorkBytes: the CTA's work and its part walk
+
+
+def compute_bound(d_k: int, d_v: int, sources, tile_m: int) -> bool:
+    """A tile's math per byte of cache, 2 tile_m (d_k + d_v) / record bytes per kv head,
+    >= 64: shared memory and the tensor pipe, not the copies, bound the KV step."""
+    return 2 * tile_m * (d_k + d_v) >= 64 * _raw_pitch(sources)
+
+
 def smem_bytes(d_k: int, staged: int, sources, tile_m: int, tile_n: int, stages: int,
                warps_n: int) -> int:
     raw = any(DTYPES[s.dtype].is_fp8 for s in sources)
@@ -232,7 +264,8 @@ def smem_bytes(d_k: int, staged: int, sources, tile_m: int, tile_n: int, stages:
             + (stages * tile_n * _raw_pitch(sources) if raw else 0)
             + tile_m * _pitch_bytes(tile_n)
             + (stages + 1) * tile_n * 4
-            + warps_n * tile_m * 4)
+            + warps_n * tile_m * 4
+            + WORK_STASH_BYTES)
 
 
 def warp_rows(d_k: int, d_v: int, tile_m: int, tile_n: int, warps: int) -> int | None:
@@ -359,6 +392,7 @@ def lower(spec: Spec) -> Plan:
     _check_alignment(spec, sources, key_runs, value_runs)
     staged = sum(s.width for s in sources)
     shape = kernel_shape(spec, staged, sources)
+    shape["compute_bound"] = compute_bound(spec.d_k, spec.d_v, sources, shape["tile_m"])
     not_applied = tuple(k for k in HOPPER_ONLY_KNOBS if getattr(sched, k))
     for knob in not_applied:
         warnings.warn(f"{spec.source.filename}: `{knob}` is not yet applied: attncc runs "

@@ -13,7 +13,7 @@ import torch
 from . import reference, storage, validate
 from .build import build
 from .ir import Spec
-from .lower import Plan, num_splits
+from .lower import Plan, balanced, num_parts, num_splits
 
 MAX_TENSORS = 8
 
@@ -28,7 +28,7 @@ class AttnccArgs(ctypes.Structure):
         ("seqlens", ctypes.c_void_p), ("indices", ctypes.c_void_p),
         ("partial_out", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p),
         ("batch", ctypes.c_int), ("s_q", ctypes.c_int), ("num_splits", ctypes.c_int),
-        ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
+        ("num_parts", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
     ]
 
 
@@ -40,6 +40,13 @@ class Library:
         self.dll = ctypes.CDLL(str(path))
         self.dll.attncc_launch.argtypes = [ctypes.POINTER(AttnccArgs)]
         self.dll.attncc_launch.restype = ctypes.c_int
+        self._ctas_per_sm = None
+
+    def ctas_per_sm(self) -> int:
+        """Decode CTAs one SM holds at once (the occupancy API, asked once)."""
+        if self._ctas_per_sm is None:
+            self._ctas_per_sm = max(1, self.dll.attncc_ctas_per_sm())
+        return self._ctas_per_sm
 
     def launch(self, args: AttnccArgs) -> None:
         status = self.dll.attncc_launch(ctypes.byref(args))
@@ -92,14 +99,13 @@ def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, i
     lse = torch.empty(batch, plan.heads_q, s_q, dtype=torch.float32, device=q.device)
     if batch == 0:
         return out, lse
-    kv_tokens = plan.topk if plan.sparse else block_table.shape[1] * plan.page_size
-    if splits <= 0:  # 0: chosen from shapes alone (no host sync, CUDA-graph safe)
-        splits = num_splits(plan, batch, s_q, kv_tokens, _sm_count(q.device.index or 0))
+    splits, parts = _schedule(plan, library, batch, s_q, block_table, splits, q.device.index or 0)
     partial_out = partial_lse = None
-    if splits > 1:
-        partial_out = torch.empty(splits, batch, s_q, plan.heads_q, plan.d_v,
+    if splits > 1 or parts:
+        slots, slot_batch = (2 * parts, 1) if parts else (splits, batch)
+        partial_out = torch.empty(slots, slot_batch, s_q, plan.heads_q, plan.d_v,
                                   dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty(splits, batch, s_q, plan.heads_q, dtype=torch.float32,
+        partial_lse = torch.empty(slots, slot_batch, s_q, plan.heads_q, dtype=torch.float32,
                                   device=q.device)
     args = AttnccArgs()
     args.q, args.out, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
@@ -109,7 +115,7 @@ def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, i
     args.block_table_stride = block_table.stride(0) if block_table is not None else 0
     args.seqlens, args.indices = _ptr(seqlens), _ptr(indices)
     args.partial_out, args.partial_lse = _ptr(partial_out), _ptr(partial_lse)
-    args.batch, args.s_q, args.num_splits = batch, s_q, splits
+    args.batch, args.s_q, args.num_splits, args.num_parts = batch, s_q, splits, parts
     args.softmax_scale = scale
     args.stream = torch.cuda.current_stream(q.device).cuda_stream
     if q.device.index == torch.cuda.current_device():
@@ -118,6 +124,22 @@ def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, i
         with torch.cuda.device(q.device):
             library.launch(args)
     return out, lse
+
+
+def _schedule(plan: Plan, library: Library, batch: int, s_q: int, block_table, requested: int,
+              device_index: int) -> tuple[int, int]:
+    """(num_splits, num_parts) of a launch, from shapes alone (no host sync, CUDA-graph safe).
+    requested: the op's num_splits argument, 0 (choose), n >= 1 (n splits per sequence)
+    or -p (p balanced parts)."""
+    if requested < 0:
+        return 1, -requested
+    if requested > 0:
+        return requested, 0
+    sms = _sm_count(device_index)
+    if balanced(plan):
+        return 1, num_parts(plan, s_q, sms, library.ctas_per_sm())
+    kv_tokens = plan.topk if plan.sparse else block_table.shape[1] * plan.page_size
+    return num_splits(plan, batch, s_q, kv_tokens, sms), 0
 
 
 _OPS: dict[str, object] = {}

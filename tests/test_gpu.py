@@ -76,6 +76,22 @@ def test_forced_split_counts(kernels, name, splits):
     assert result.ok, f"{name} splits={splits}: {result}"
 
 
+@pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
+@pytest.mark.parametrize("parts", [1, 2, 5, 64])
+def test_forced_part_counts(kernels, name, parts):
+    """Balanced parts (schedule.cuh) on a ragged batch with empty sequences: sequences
+    inside one part, crossing several, more parts than tiles (64), every s_q."""
+    k = kernels[name]
+    lengths = [0, 1500, 0, 77, 1, 0, 3 * k.spec.page_size + 1, 0]
+    for s_q in range(1, k.spec.max_query_len + 1):
+        case = testing.random_case(k.spec, lengths, s_q, seed=parts + 10 * s_q)
+        _poison(k.spec, len(lengths), s_q)
+        out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                        case.indices, k.spec.softmax_scale, -parts)
+        result = testing.compare(k.spec, case, out, lse)
+        assert result.ok, f"{name} parts={parts} s_q={s_q}: {result}"
+
+
 @pytest.mark.parametrize("name", ["mla", "gla2", "gqa8", "mla_fp8_sparse", "sparse_bf16_h128"])
 def test_sharp_softmax(kernels, name):
     """A large scale: row maxima keep jumping by more than the lazy-rescale slack (2^8), so O

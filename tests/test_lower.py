@@ -79,7 +79,8 @@ def expected_smem(plan: Plan) -> int:
     p = plan.tile_m * pitch(plan.tile_n)
     slots = (plan.stages + 1) * plan.tile_n * 4
     red = wn * plan.tile_m * 4
-    return q + staged + raw_bytes + p + slots + red
+    work = 128  # the CTA's work and part walk, read back by the epilogue and the walk
+    return q + staged + raw_bytes + p + slots + red + work
 
 
 def layout_legal(wr, tile_m, tile_n, warps, d_v) -> bool:
@@ -616,7 +617,49 @@ def test_plan_call_sparse_uses_topk():
     k = example("mla_fp8_sparse")
     meta = k.plan([1, 2])
     assert meta.longest == 2048
-    assert meta.num_splits == num_splits(k.plan, 2, 1, 2048, k.plan.num_sms)
+    assert meta.num_splits == 0  # compute-bound: balanced parts, chosen at launch
+    memory_bound = compile_quiet(SPARSE_H16)
+    assert not lowering.balanced(memory_bound.plan)
+    meta = memory_bound.plan([1, 2])
+    assert meta.longest == 256
+    assert meta.num_splits == num_splits(memory_bound.plan, 2, 1, 256, memory_bound.plan.num_sms)
+
+
+SPARSE_H16 = """attention sparse16 {
+    heads q = 16, kv = 1
+    cache paged(64) { c: bf16[512]  r: bf16[64] }
+    key = c ++ r
+    value = c
+    tokens topk 256
+}"""
+
+
+# --- balanced parts (templates/include/attncc/schedule.cuh) ------------------------------
+
+def test_compute_bound_auto_plans_balance_parts():
+    """split_kv auto balances parts exactly when the plan is compute-bound (2 tile_m (d_k +
+    d_v) >= 64 record bytes per kv head); off or a fixed count keeps splits."""
+    mla = example("mla").plan  # h_q 128: 64-row tiles, 2 * 64 * 1088 >= 64 * 1152
+    assert mla.compute_bound and lowering.balanced(mla)
+    assert mla.compute_bound == (2 * mla.tile_m * (mla.d_k + mla.d_v) >= 64 * 1152)
+    for text in (SPARSE_H16, GQA8_TEXT):
+        plan = compile_quiet(text).plan
+        assert not plan.compute_bound and not lowering.balanced(plan)
+    for knob in ("split_kv off", "split_kv 3"):
+        text = (REPO / "examples" / "mla.attn").read_text().replace("split_kv auto", knob)
+        plan = compile_quiet(text).plan
+        assert plan.compute_bound and not lowering.balanced(plan)
+    assert "balanced" in "\n".join(mla.explain_lines())
+
+
+def test_num_parts_fill_the_sms_once():
+    mla = example("mla").plan  # one kv head; 128 rows per query token, 64-row tiles
+    assert lowering.lanes(mla, 1) == 2 and lowering.lanes(mla, 2) == 4
+    assert lowering.num_parts(mla, 2, 132, 1) == 33   # 33 parts x 4 CTAs = 132
+    assert lowering.num_parts(mla, 1, 132, 1) == 66
+    assert lowering.num_parts(mla, 2, 132, 2) == 66   # two CTAs per SM: twice the parts
+    assert lowering.num_parts(mla, 2, 2, 1) == 1      # never zero parts
+    assert example("mla").plan([5, 9000], s_q=2) == DecodeMetadata(0, 9000)
 
 
 # --- properties over random specs -----------------------------------------------------

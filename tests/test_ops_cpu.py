@@ -285,3 +285,33 @@ attention narrow {
 """)
     with pytest.raises(attncc.SpecError):
         k.op
+
+
+def test_launch_schedule_comes_from_shapes(monkeypatch):
+    """ops._schedule: (num_splits, num_parts) of a launch from the op's num_splits argument
+    and shapes only (no lengths: CUDA-graph safe). Compute-bound plans balance parts, one
+    per SM's worth of CTAs; the others split each sequence; the argument overrides both."""
+    import warnings
+
+    from attncc import lower, ops
+
+    class Library:  # the occupancy the built library would report
+        def __init__(self, per_sm):
+            self.per_sm = per_sm
+
+        def ctas_per_sm(self):
+            return self.per_sm
+
+    monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mla = attncc.compile("examples/mla.attn").plan
+    gqa = attncc.compile(GQA_SMALL).plan
+    table = torch.zeros(128, 128, dtype=torch.int32)
+    assert ops._schedule(mla, Library(1), 128, 2, table, 0, 0) == (1, 33)
+    assert ops._schedule(mla, Library(2), 128, 1, table, 0, 0) == (1, 132)
+    assert ops._schedule(mla, Library(1), 128, 2, table, 3, 0) == (3, 0)
+    assert ops._schedule(mla, Library(1), 128, 2, table, -5, 0) == (1, 5)
+    assert not lower.balanced(gqa)
+    expected = lower.num_splits(gqa, 3, 1, 128 * gqa.page_size, 132)
+    assert ops._schedule(gqa, Library(4), 3, 1, table[:3], 0, 0) == (expected, 0)

@@ -46,6 +46,7 @@ struct Config {
   static constexpr int kCopyInterleave = -1;  // -1: chosen in decode.cuh
   static constexpr int kQKSplit = -1;  // -1: chosen in decode.cuh
   static constexpr int kPingPong = -1;  // -1: chosen in decode.cuh
+  static constexpr bool kComputeBound = false;
   static constexpr int kNumSMs = 132;
 };
 
@@ -57,6 +58,13 @@ using Combine = attncc::CombineLaunch<Config>;
 extern "C" int attncc_smem_bytes(void) { return Decode::kSmemBytes; }
 extern "C" int attncc_threads(void) { return Decode::kThreads; }
 extern "C" int attncc_ctas_per_split(int s_q) { return Decode::ctas_per_split(s_q); }
+extern "C" int attncc_ctas_per_sm(void) {
+  int n = 0;
+  if (cudaFuncSetAttribute(attncc::decode_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, Decode::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attncc::decode_kernel<Config>, Decode::kThreads, Decode::kSmemBytes) != cudaSuccess)
+    return 0;
+  return n;
+}
 
 extern "C" int attncc_launch(const AttnccArgs* args) {
   if (args == nullptr) return cudaErrorInvalidValue;
@@ -67,8 +75,8 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
 
   err = cudaFuncSetAttribute(attncc::decode_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, Decode::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const unsigned ctas = static_cast<unsigned>(a.batch) * a.num_splits * Decode::ctas_per_split(a.s_q);
+  const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
   attncc::decode_kernel<Config><<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a);
-  if (a.num_splits > 1) attncc::combine_kernel<Config><<<Combine::blocks(a), Combine::kThreads, 0, stream>>>(a);
+  if (a.num_splits > 1 || a.num_parts > 0) attncc::combine_kernel<Config><<<Combine::blocks(a), Combine::kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }

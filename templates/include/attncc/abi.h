@@ -7,6 +7,7 @@
  *     int attncc_smem_bytes(void);                 dynamic shared memory of the decode kernel
  *     int attncc_threads(void);                    threads per decode CTA
  *     int attncc_ctas_per_split(int s_q);          decode CTAs per (batch[, query token], split)
+ *     int attncc_ctas_per_sm(void);                decode CTAs one SM holds at once (0: unknown)
  *
  * and nothing else; the host (Python, through ctypes or a thin binding) fills this struct with
  * device pointers and sizes. Plain C: no C++ in this header.
@@ -32,9 +33,13 @@ typedef struct AttnccArgs {
   int block_table_stride; /* in elements */
   const int* seqlens;     /* [b] int32: cached length including the s_q new tokens; unused when sparse */
   const int* indices;     /* sparse only: [b, s_q, topk] int32 slots (page * P + offset), -1 = none */
-  float* partial_out;     /* workspace [num_splits, b, s_q, h_q, d_v] float32; NULL when num_splits == 1 */
-  float* partial_lse;     /* workspace [num_splits, b, s_q, h_q] float32 (natural log) */
-  int batch, s_q, num_splits;
+  float* partial_out;     /* workspace [num_splits, b, s_q, h_q, d_v] float32 (split mode), or
+                             [2 num_parts, s_q, h_q, d_v] (part mode); NULL when neither is > 1 / > 0 */
+  float* partial_lse;     /* workspace [num_splits, b, s_q, h_q] or [2 num_parts, s_q, h_q] float32 */
+  int batch, s_q;
+  int num_splits;         /* split mode: each sequence's tiles in this many equal ranges (1 when num_parts > 0) */
+  int num_parts;          /* part mode when > 0: all sequences' tiles cut into this many equal parts
+                             (attncc/schedule.cuh); the grid is num_parts x (row blocks x kv heads) */
   float softmax_scale;    /* natural scale; the kernel uses scale * log2(e) with exp2 */
   void* stream;           /* cudaStream_t */
 } AttnccArgs;
@@ -44,6 +49,7 @@ int attncc_launch(const AttnccArgs* args);
 int attncc_smem_bytes(void);
 int attncc_threads(void);
 int attncc_ctas_per_split(int s_q);
+int attncc_ctas_per_sm(void);
 
 #ifdef __cplusplus
 }

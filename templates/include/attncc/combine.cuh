@@ -4,46 +4,42 @@
 // -inf when it saw no key). With L = log(sum_s exp(lse_s)),
 //     out = sum_s exp(lse_s - L) * O_s,   lse = L,
 // and a row whose splits all saw nothing gets out = 0, lse = -inf. One warp per query row,
-// splits visited in order: deterministic.
+// splits visited in order: deterministic. Split mode: split s of a row at workspace row
+// s * rows + row. Part mode (schedule.cuh): only sequences that cross parts have partials, at
+// the slots of their pieces; the others were written by the decode kernel and are skipped.
 #pragma once
 
 #include "attncc/abi.h"
 #include "attncc/common.cuh"
+#include "attncc/decode.cuh"
+#include "attncc/schedule.cuh"
 
 namespace attncc {
 
 constexpr int kCombineWarps = 4;
 
-template <class Cfg>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnccArgs args) {
+// Merge the partials at workspace rows prow(0), ..., prow(count - 1), in that order, into the
+// query row `row` ([b, s_q, h_q]) of out and lse. One warp; every lane walks the pieces.
+template <class Cfg, class PartialRow>
+__device__ __forceinline__ void merge_partials(const AttnccArgs& args, long long row, int count, PartialRow prow) {
   using E = Elem16<Cfg::kElem>;
-  static_assert(Cfg::kDV % 4 == 0, "float4 loads");
   const int lane = threadIdx.x & 31;
-  const long long rows = static_cast<long long>(args.batch) * args.s_q * Cfg::kHeadsQ;  // [b, s_q, h_q]
-  const long long row = static_cast<long long>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int ns = args.num_splits;
-  const float* plse = args.partial_lse + row;  // split s at plse[s * rows]
-
   float mx = -INFINITY;
-  for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, plse[s * rows]);
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  for (int k = 0; k < count; ++k) mx = fmaxf(mx, args.partial_lse[prow(k)]);
   float sum = 0.f;
   if (mx != -INFINITY)
-    for (int s = lane; s < ns; s += 32) sum += __expf(plse[s * rows] - mx);
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    for (int k = 0; k < count; ++k) sum += __expf(args.partial_lse[prow(k)] - mx);
   const float lse = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
 
   auto* out = static_cast<typename E::T*>(args.out) + row * Cfg::kDV;
   for (int c = lane * 4; c < Cfg::kDV; c += 128) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (lse != -INFINITY) {
-      for (int s = 0; s < ns; ++s) {
-        const float w = __expf(plse[s * rows] - lse);  // 0 for an empty split
+      for (int k = 0; k < count; ++k) {
+        const long long r = prow(k);
+        const float w = __expf(args.partial_lse[r] - lse);  // 0 for a piece that saw nothing
         if (w == 0.f) continue;
-        const float4 v = *reinterpret_cast<const float4*>(args.partial_out + (s * rows + row) * Cfg::kDV + c);
+        const float4 v = *reinterpret_cast<const float4*>(args.partial_out + r * Cfg::kDV + c);
         acc.x += w * v.x;
         acc.y += w * v.y;
         acc.z += w * v.z;
@@ -62,6 +58,52 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
     const long long t = bt % args.s_q, b = bt / args.s_q;
     args.lse[(b * Cfg::kHeadsQ + h) * args.s_q + t] = lse;
   }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ AttnccArgs args) {
+  static_assert(Cfg::kDV % 4 == 0, "float4 loads");
+  const int lane = threadIdx.x & 31;
+  const long long rows = static_cast<long long>(args.batch) * args.s_q * Cfg::kHeadsQ;  // [b, s_q, h_q]
+  const long long row = static_cast<long long>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  if (args.num_parts == 0) {  // split mode: split s of the row at s * rows + row
+    merge_partials<Cfg>(args, row, args.num_splits, [&](int s) { return s * rows + row; });
+    return;
+  }
+  // Part mode: where the row's sequence lies on the line of all tiles (schedule.cuh).
+  const int t = static_cast<int>(row / Cfg::kHeadsQ % args.s_q);
+  const int b = static_cast<int>(row / Cfg::kHeadsQ / args.s_q);
+  const int seq = Cfg::kSparse ? b * args.s_q + t : b;
+  const int num_seqs = Cfg::kSparse ? args.batch * args.s_q : args.batch;
+  constexpr int N = DecodeTraits<Cfg>::kTileN;
+  auto tiles = [&](int s) { return ceil_div(Cfg::kSparse ? Cfg::kTopK : __ldg(args.seqlens + s), N); };
+  long long total = 0, base = 0;
+  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
+    const int s = s0 + lane;
+    int n = s < num_seqs ? tiles(s) : 0, before = s < seq ? n : 0;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      n += __shfl_xor_sync(0xffffffffu, n, d);
+      before += __shfl_xor_sync(0xffffffffu, before, d);
+    }
+    total += n;
+    base += before;
+  }
+  const SeqPieces sp = SeqPieces::of(base, tiles(seq), total, args.num_parts);
+  if (sp.whole()) return;  // the decode kernel wrote this row
+  // The pieces in part order: parts first .. last, minus the empty ones.
+  int count = 0;
+  for (int p = sp.first; p <= sp.last; ++p) count += sp.slot(p) >= 0;
+  const long long slot_rows = static_cast<long long>(args.s_q) * Cfg::kHeadsQ;
+  const long long in_slot = row % slot_rows;  // (t, h) within a slot: [slot, s_q, h_q]
+  merge_partials<Cfg>(args, row, count, [&](int k) {
+    int p = sp.first;
+    for (int seen = -1;; ++p) {  // the k-th non-empty part from `first`
+      if (sp.slot(p) >= 0 && ++seen == k) break;
+    }
+    return sp.slot(p) * slot_rows + in_slot;
+  });
 }
 
 template <class Cfg>

@@ -101,7 +101,8 @@
 //                       for s in p["sources"])
 //       wn = p["warps"] // (m // warp_rows(p))
 //       return (m * pitch(p["d_k"]) + (1 if raw else st) * n * pitch(p["staged_width"])
-//               + (st * n * raw_pitch if raw else 0) + m * pitch(n) + (st + 1) * n * 4 + wn * m * 4)
+//               + (st * n * raw_pitch if raw else 0) + m * pitch(n) + (st + 1) * n * 4 + wn * m * 4
+//               + 128)           # the CTA's work and part walk (kWorkBytes)
 //   def check(p):        # -> list of errors
 //       e, stride = [], [t["token_stride_bytes"] for t in p["tensors"]]
 //       if p["elem"] not in ("bf16", "fp16"): e.append("elem: bf16 or fp16")
@@ -128,8 +129,8 @@
 //       return e
 //
 // Runtime (host) conditions: every tensor pointer 16-byte aligned; 1 <= s_q <= max_sq;
-// num_splits >= 1 with the workspace when > 1; batch * num_splits * attncc_ctas_per_split(s_q)
-// < 2^31. Registers: 255 at most with no spills for every plan of kernel_dev/smoke.py (ptxas -v);
+// num_splits >= 1 with the workspace when > 1; or num_parts > 0 (balanced, schedule.cuh),
+// num_splits == 1 and the workspace of 2 num_parts slots; fewer than 2^31 CTAs. Registers: 255 at most with no spills for every plan of kernel_dev/smoke.py (ptxas -v);
 // the largest MLA plans sit at ~250, so a new shape should be compiled once and its report read.
 #pragma once
 
@@ -138,6 +139,7 @@
 #include "attncc/dequant.cuh"
 #include "attncc/load.cuh"
 #include "attncc/mma.cuh"
+#include "attncc/schedule.cuh"
 #include "attncc/softmax.cuh"
 
 namespace attncc {
@@ -198,9 +200,11 @@ struct DecodeTraits {
   }
   static constexpr bool kRaw = any_fp8();
   // A tile's math per byte of cache, 2 tile_m (d_k + d_v) / record bytes per kv head, >= 64:
-  // shared memory and the tensor pipe, not the copies, bound the KV step.
+  // shared memory and the tensor pipe, not the copies, bound the KV step. The lowering decides
+  // (its host also picks the balanced schedule by it); the formula is checked here.
   static constexpr int kRecordBytesPerHead = RawLayout<Cfg>::kPitchBytes;
-  static constexpr bool kComputeBound = 2 * kTileM * (Cfg::kDK + Cfg::kDV) >= 64 * kRecordBytesPerHead;
+  static constexpr bool kComputeBound = Cfg::kComputeBound;
+  static_assert(kComputeBound == (2 * kTileM * (Cfg::kDK + Cfg::kDV) >= 64 * kRecordBytesPerHead), "compute_bound: the lowering's formula");
 
   // qk_split: S = Q K^T is split over d_k between the two warps wn = 2 wt + wk (wk = 0, 1) of a
   // pair. Both compute the pair's 2 TN tokens, warp wk over the k-steps 2 j + wk, and each adds
@@ -273,7 +277,10 @@ struct DecodeTraits {
   static constexpr int kPOff = kRawOff + (kRaw ? kStages * kRawTileBytes : 0);
   static constexpr int kSlotOff = kPOff + PRows::bytes(kTileM);
   static constexpr int kRedOff = kSlotOff + (kStages + 1) * kTileN * 4;
-  static constexpr int kSmemBytes = kRedOff + kWarpsN * kTileM * 4;
+  static constexpr int kWorkOff = kRedOff + kWarpsN * kTileM * 4;  // CtaWork, then PartWalk
+  static constexpr int kWalkOffset = 64;
+  static constexpr int kWorkBytes = 128;  // the lowering adds these bytes too
+  static constexpr int kSmemBytes = kWorkOff + kWorkBytes;
 
   // Checks the lowering also makes (see the header comment).
   static_assert(kElem == Dtype::kBF16 || kElem == Dtype::kFP16, "elem is bf16 or fp16");
@@ -610,25 +617,61 @@ __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Which rows, kv head, split and sequence a CTA works on. Block index, fastest first:
-// row block, kv head, split, sequence (dense: b; sparse: b * s_q + t).
+// What a CTA works on: rows of one kv head, one sequence, a range of its KV tiles, and where
+// the result goes. Lane (row block fastest, then kv head) and sequence (dense: b; sparse:
+// b * s_q + t) come from the block index: split mode, block = lane + lanes (split + splits seq);
+// part mode (schedule.cuh), block = lane + lanes part, and the part's walk names the pieces.
 template <class Cfg>
 struct CtaWork {
-  int mb, head, split, seq, b, t_fixed, rows_total;
+  int mb, head, seq, b, t_fixed, rows_total;
+  int tile_begin, tile_end;  // the sequence's tiles this CTA reads (before the causal cut)
+  int slot;                  // -1: write out and lse; else the partial slot (split or part slot)
 
-  __device__ __forceinline__ static CtaWork make(const AttnccArgs& a, int ctaid) {
+  __device__ __forceinline__ static int lanes(const AttnccArgs& a) {
+    const int rows = Cfg::kSparse ? Cfg::kGroup : a.s_q * Cfg::kGroup;
+    return ceil_div(rows, DecodeTraits<Cfg>::kTileM) * Cfg::kHeadsKV;
+  }
+  __device__ __forceinline__ static int num_seqs(const AttnccArgs& a) { return Cfg::kSparse ? a.batch * a.s_q : a.batch; }
+  __device__ __forceinline__ static int seq_tiles(const AttnccArgs& a, int seq) {
+    constexpr int N = DecodeTraits<Cfg>::kTileN;
+    return ceil_div(Cfg::kSparse ? Cfg::kTopK : __ldg(a.seqlens + seq), N);
+  }
+
+  __device__ __forceinline__ static CtaWork make(const AttnccArgs& a, int lane, int seq) {
     CtaWork w;
     w.rows_total = Cfg::kSparse ? Cfg::kGroup : a.s_q * Cfg::kGroup;
     const int n_mblocks = ceil_div(w.rows_total, DecodeTraits<Cfg>::kTileM);
-    w.mb = ctaid % n_mblocks;
-    ctaid /= n_mblocks;
-    w.head = ctaid % Cfg::kHeadsKV;
-    ctaid /= Cfg::kHeadsKV;
-    w.split = ctaid % a.num_splits;
-    w.seq = ctaid / a.num_splits;
-    w.b = Cfg::kSparse ? w.seq / a.s_q : w.seq;
-    w.t_fixed = Cfg::kSparse ? w.seq % a.s_q : 0;
+    w.mb = lane % n_mblocks;
+    w.head = lane / n_mblocks;
+    w.seq = seq;
+    w.b = Cfg::kSparse ? seq / a.s_q : seq;
+    w.t_fixed = Cfg::kSparse ? seq % a.s_q : 0;
     return w;
+  }
+  // Split mode: split `split` of `num_splits` equal tile ranges of the sequence.
+  __device__ __forceinline__ static CtaWork of_split(const AttnccArgs& a, int ctaid) {
+    const int n_lanes = lanes(a);
+    const int split = (ctaid / n_lanes) % a.num_splits;
+    CtaWork w = make(a, ctaid % n_lanes, ctaid / n_lanes / a.num_splits);
+    const int n_tiles = seq_tiles(a, w.seq);
+    const int per_split = ceil_div(n_tiles, a.num_splits);
+    w.tile_begin = split * per_split;
+    w.tile_end = min(w.tile_begin + per_split, n_tiles);
+    w.slot = a.num_splits == 1 ? -1 : split;
+    return w;
+  }
+  // Part mode: one piece of the part's walk.
+  __device__ __forceinline__ static CtaWork of_piece(const AttnccArgs& a, int lane, const Piece& pc) {
+    CtaWork w = make(a, lane, pc.seq);
+    w.tile_begin = pc.tile_begin;
+    w.tile_end = pc.tile_end;
+    w.slot = pc.slot;
+    return w;
+  }
+  // Row of the partial workspace: split mode [split, b, s_q, h_q], part mode [slot, s_q, h_q].
+  __device__ __forceinline__ long long partial_row(const AttnccArgs& a, int t, int hq) const {
+    const long long slot_row = a.num_parts > 0 ? slot : static_cast<long long>(slot) * a.batch + b;
+    return (slot_row * a.s_q + t) * Cfg::kHeadsQ + hq;
   }
   // Query token and query head (within the group) of CTA row R.
   __device__ __forceinline__ int row_token(int R) const { return Cfg::kSparse ? t_fixed : R / Cfg::kGroup; }
@@ -643,18 +686,100 @@ struct CtaWork {
   }
 };
 
-__device__ __forceinline__ int reread_ctaid() {
+// The start of part `part`'s walk, by warp 0 of the CTA: the total tile count and the first
+// sequence with a piece in the part (schedule.cuh's first_seq_sequential, 32 sequences at a
+// time with warp scans).
+template <class Cfg>
+__device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane) {
+  using W = CtaWork<Cfg>;
+  const int num_seqs = W::num_seqs(a);
+  long long total = 0;
+  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
+    int n = s0 + lane < num_seqs ? W::seq_tiles(a, s0 + lane) : 0;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) n += __shfl_xor_sync(0xffffffffu, n, d);
+    total += n;
+  }
+  const long long begin = part_begin(part, total, a.num_parts);
+  long long base = 0;
+  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
+    const int n = s0 + lane < num_seqs ? W::seq_tiles(a, s0 + lane) : 0;
+    int incl = n;  // inclusive prefix within these 32 sequences
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += x;
+    }
+    const int excl = incl - n;
+    const bool hit = s0 + lane < num_seqs && (base + excl >= begin || base + incl > begin);
+    const unsigned found = __ballot_sync(0xffffffffu, hit);
+    if (found) {
+      const int l = __ffs(found) - 1;
+      return PartWalk::start(part, a.num_parts, num_seqs, total, s0 + l, base + __shfl_sync(0xffffffffu, excl, l));
+    }
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return PartWalk::start(part, a.num_parts, num_seqs, total, num_seqs, total);
+}
+
+// The block and thread index, read so that the compiler cannot keep them (or values derived
+// from them) in registers from an earlier read.
+__device__ __forceinline__ int fresh_ctaid() {
   int x;
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
   return x;
 }
+__device__ __forceinline__ int fresh_tid() {
+  int x;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(x));
+  return x;
+}
+
+// Values through shared memory, field by field (no address of a local is taken, so nothing goes
+// to the stack). Read back with volatile loads, so that they need not stay in registers
+// through the main loop.
+template <class... Ints>
+__device__ __forceinline__ void stash_ints(unsigned char* dst, Ints... v) {
+  int i = 0;
+  ((reinterpret_cast<volatile int*>(dst)[i++] = v), ...);
+}
+__device__ __forceinline__ int unstash_int(const unsigned char* src, int i) {
+  return reinterpret_cast<const volatile int*>(src)[i];
+}
+template <class Cfg>
+__device__ __forceinline__ void stash(unsigned char* dst, const CtaWork<Cfg>& w) {
+  stash_ints(dst, w.mb, w.head, w.seq, w.b, w.t_fixed, w.rows_total, w.tile_begin, w.tile_end, w.slot);
+}
+template <class Cfg>
+__device__ __forceinline__ CtaWork<Cfg> unstash_work(const unsigned char* src) {
+  CtaWork<Cfg> w;
+  w.mb = unstash_int(src, 0), w.head = unstash_int(src, 1), w.seq = unstash_int(src, 2);
+  w.b = unstash_int(src, 3), w.t_fixed = unstash_int(src, 4), w.rows_total = unstash_int(src, 5);
+  w.tile_begin = unstash_int(src, 6), w.tile_end = unstash_int(src, 7), w.slot = unstash_int(src, 8);
+  return w;
+}
+// The part walk: 64-bit positions as two words each.
+__device__ __forceinline__ void stash(unsigned char* dst, const PartWalk& p) {
+  auto lo = [](long long x) { return static_cast<int>(x & 0xffffffffLL); };
+  auto hi = [](long long x) { return static_cast<int>(x >> 32); };
+  stash_ints(dst, p.part, p.parts, p.num_seqs, p.seq, lo(p.total), hi(p.total), lo(p.begin), hi(p.begin),
+             lo(p.end), hi(p.end), lo(p.base), hi(p.base));
+}
+__device__ __forceinline__ PartWalk unstash_walk(const unsigned char* src) {
+  auto pair = [&](int i) {
+    return static_cast<long long>(static_cast<unsigned>(unstash_int(src, i))) | (static_cast<long long>(unstash_int(src, i + 1)) << 32);
+  };
+  PartWalk p;
+  p.part = unstash_int(src, 0), p.parts = unstash_int(src, 1), p.num_seqs = unstash_int(src, 2), p.seq = unstash_int(src, 3);
+  p.total = pair(4), p.begin = pair(6), p.end = pair(8), p.base = pair(10);
+  return p;
+}
 
 // ------------------------------------------------------------------------------------------
-// The kernel. Grid: one CTA per (row block, kv head, split, sequence), row block fastest, so the
-// CTAs that share a sequence's KV tiles run together and share them in L2.
+// One CTA's work on one range of one sequence's KV tiles: the main loop and its epilogue.
 
 template <class Cfg>
-__global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(const __grid_constant__ AttnccArgs args) {
+__device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWork<Cfg>& w) {
   using T = DecodeTraits<Cfg>;
   static_assert(check_sources<Cfg>(), "source layout: see the constraints in decode.cuh");
   constexpr int M = T::kTileM, N = T::kTileN, S = T::kStages, MT = T::kMT, WR = T::kWarpRows;
@@ -669,7 +794,9 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
   int* const slot_ring = reinterpret_cast<int*>(smem + T::kSlotOff);
   float* const red = reinterpret_cast<float*>(smem + T::kRedOff);
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // read afresh per piece: values derived from it (copy and Q-load offsets) are then computed
+  // where used, not hoisted out of the part walk and kept live through the main loop
+  const int tid = fresh_tid(), lane = tid & 31, warp = tid >> 5;
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
   // The threads that copy KV tiles and keep their slots: all, or (ping_pong) row group 1.
   constexpr bool PP = T::kPingPong;
@@ -677,16 +804,14 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
   const int ptid = PP ? tid - kRowGroupThreads : tid;  // index among the producers
   const int slot_tid = producer ? ptid : N;            // SlotPrefetch: tokens < N have a thread
 
-  // ---- the work of this CTA
-  const CtaWork<Cfg> w = CtaWork<Cfg>::make(args, blockIdx.x);
+  // ---- the work of this CTA (kept in shared memory for the epilogue)
+  if (tid == 0) stash(smem + T::kWorkOff, w);
   const int s_q = args.s_q;
   const int kv_len = Cfg::kSparse ? Cfg::kTopK : __ldg(args.seqlens + w.b);
   const int last_row = min(w.rows_total, (w.mb + 1) * M) - 1;
   const int cta_limit = w.token_limit(w.row_token(last_row), kv_len, s_q);
-  const int n_tiles = ceil_div(kv_len, N);
-  const int tiles_per_split = ceil_div(n_tiles, args.num_splits);
-  const int tile_begin = w.split * tiles_per_split;
-  const int tile_end = min(min(tile_begin + tiles_per_split, n_tiles), ceil_div(cta_limit, N));
+  const int tile_begin = w.tile_begin;
+  const int tile_end = min(w.tile_end, ceil_div(cta_limit, N));
   const int n_iter = max(tile_end - tile_begin, 0);
   const int head = w.head;
 
@@ -880,10 +1005,9 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
     row_group_reduce<Cfg>(l, red, wm, wn, lane, [](float a, float b) { return a + b; });
   }
 
-  // The CTA's coordinates again, from a fresh read of the block index, so that they need not
-  // stay in registers through the main loop.
-  const CtaWork<Cfg> we = CtaWork<Cfg>::make(args, reread_ctaid());
-  const bool direct = args.num_splits == 1;
+  // The CTA's work again, from shared memory (stashed before barrier A of step 0).
+  const CtaWork<Cfg> we = unstash_work<Cfg>(smem + T::kWorkOff);
+  const bool direct = we.slot < 0;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -903,7 +1027,7 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
           *reinterpret_cast<uint32_t*>(out + c0 + n * 8) = T::E::pack(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
         if (wn == 0 && (lane & 3) == 0) args.lse[(static_cast<long long>(we.b) * Cfg::kHeadsQ + hq) * s_q + t] = lse;
       } else {
-        const long long prow = static_cast<long long>(we.split) * args.batch * s_q * Cfg::kHeadsQ + qrow;
+        const long long prow = we.partial_row(args, t, hq);
         float* out = args.partial_out + prow * Cfg::kDV;
 #pragma unroll
         for (int n = 0; n < T::kNTO; ++n)
@@ -911,6 +1035,50 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(
         if (wn == 0 && (lane & 3) == 0) args.partial_lse[prow] = lse;
       }
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// The kernel. Split mode (num_parts == 0): one CTA per (lane, split, sequence), lane fastest, so
+// the CTAs that share a sequence's KV tiles run together and share them in L2. Part mode: one
+// CTA per (lane, part), the lanes of a part walking its pieces together (schedule.cuh).
+
+template <class Cfg>
+__global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(const __grid_constant__ AttnccArgs args) {
+  using T = DecodeTraits<Cfg>;
+  using W = CtaWork<Cfg>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* const walk = smem + T::kWorkOff + T::kWalkOffset;
+  static_assert(9 * 4 <= T::kWalkOffset && 12 * 4 <= T::kWorkBytes - T::kWalkOffset, "work stash: 9 and 12 words");
+  const bool parts = args.num_parts > 0;
+  if (parts) {
+    if (threadIdx.x < 32) {
+      const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args), threadIdx.x);
+      if (threadIdx.x == 0) stash(walk, pw);
+    }
+    __syncthreads();
+  }
+  // One call site of decode_tiles (one copy of the main loop) for both modes, and nothing
+  // carried in registers from one piece to the next: the walk is in shared memory and the
+  // block index is read afresh.
+  for (;;) {
+    W w;
+    if (parts) {
+      const PartWalk pw = unstash_walk(walk);
+      if (!pw.has_piece()) break;
+      w = W::of_piece(args, fresh_ctaid() % W::lanes(args), pw.piece(W::seq_tiles(args, pw.seq)));
+    } else {
+      w = W::of_split(args, fresh_ctaid());
+    }
+    decode_tiles<Cfg>(args, w);
+    if (!parts) break;
+    __syncthreads();  // every thread is past the piece's epilogue and its last shared read
+    if (threadIdx.x == 0) {
+      PartWalk pw = unstash_walk(walk);
+      pw.next(W::seq_tiles(args, pw.seq));
+      stash(walk, pw);
+    }
+    __syncthreads();
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -922,20 +1090,26 @@ struct DecodeLaunch {
   static constexpr int kThreads = T::kThreads;
   static constexpr int kSmemBytes = T::kSmemBytes;
 
-  // Decode CTAs per (sequence, split); the grid is batch * num_splits * this.
-  static int ctas_per_split(int s_q) {
+  // Decode CTAs per (batch entry, split); the split-mode grid is batch * num_splits * this.
+  static int ctas_per_split(int s_q) { return lanes(s_q) * (Cfg::kSparse ? s_q : 1); }
+  // CTAs that read the same KV tiles: row blocks x kv heads.
+  static int lanes(int s_q) {
     const int rows = Cfg::kSparse ? Cfg::kGroup : s_q * Cfg::kGroup;
-    return ceil_div(rows, T::kTileM) * Cfg::kHeadsKV * (Cfg::kSparse ? s_q : 1);
+    return ceil_div(rows, T::kTileM) * Cfg::kHeadsKV;
+  }
+  static long long ctas(const AttnccArgs& a) {
+    return a.num_parts > 0 ? 1LL * a.num_parts * lanes(a.s_q) : 1LL * a.batch * a.num_splits * ctas_per_split(a.s_q);
   }
 
   // cudaSuccess when the launch may go ahead (batch 0: nothing to do, pointers unchecked).
   static cudaError_t check(const AttnccArgs& a) {
-    if (a.s_q < 1 || a.s_q > Cfg::kMaxSq || a.batch < 0 || a.num_splits < 1) return cudaErrorInvalidValue;
+    if (a.s_q < 1 || a.s_q > Cfg::kMaxSq || a.batch < 0 || a.num_splits < 1 || a.num_parts < 0) return cudaErrorInvalidValue;
+    if (a.num_parts > 0 && a.num_splits != 1) return cudaErrorInvalidValue;
     if (a.batch == 0) return cudaSuccess;
     if (!a.q || !a.out || !a.lse) return cudaErrorInvalidValue;
     if (Cfg::kSparse ? !a.indices : (!a.block_table || !a.seqlens)) return cudaErrorInvalidValue;
-    if (a.num_splits > 1 && (!a.partial_out || !a.partial_lse)) return cudaErrorInvalidValue;
-    if (static_cast<long long>(a.batch) * a.num_splits * ctas_per_split(a.s_q) > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    if ((a.num_splits > 1 || a.num_parts > 0) && (!a.partial_out || !a.partial_lse)) return cudaErrorInvalidValue;
+    if (ctas(a) > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     return cudaSuccess;
   }
 };
