@@ -1,7 +1,7 @@
 """`attncc bench`: time generated ops on the GPU against measured ceilings.
 
-Each configuration: a cache larger than L2 filled with random data, seqlens all s_k,
-pages in random order; the op is first checked against the reference on a few
+Each configuration: a cache larger than L2 filled with random data, seqlens all s_k
+(or, ragged, spread over [1, 2 s_k - 1] with mean exactly s_k), pages in random order; the op is first checked against the reference on a few
 sequences of the same call, then timed as the median of CUDA events around the whole
 call (split kernel + combine) with L2 flushed before each. The GPU is kept busy (a spin
 kernel after the flush) while the host enqueues the call, so the events time the GPU
@@ -36,10 +36,22 @@ class Config:
     heads_q: int
     seqlen: int
     page_size: int
+    ragged: bool = False  # lengths spread over [1, 2 seqlen - 1], mean seqlen (dense specs)
 
     def label(self) -> str:
-        return (f"b={self.batch} s_q={self.s_q} h_q={self.heads_q} s_k={self.seqlen} "
-                f"page={self.page_size}")
+        return (f"b={self.batch} s_q={self.s_q} h_q={self.heads_q} s_k={self.seqlen}"
+                f"{'~' if self.ragged else ''} page={self.page_size}")
+
+    def lengths(self, seed: int = 0) -> list[int]:
+        """Each sequence's cached length. Ragged: pairs s_k - d, s_k + d with d uniform in
+        [0, s_k - 1], shuffled, so the total (hence bytes and FLOPs) equals the uniform one."""
+        if not self.ragged:
+            return [self.seqlen] * self.batch
+        gen = torch.Generator().manual_seed(seed)
+        half = torch.randint(0, self.seqlen, (self.batch // 2,), generator=gen).tolist()
+        lengths = [self.seqlen + d for d in half] + [self.seqlen - d for d in half]
+        lengths += [self.seqlen] * (self.batch % 2)
+        return [lengths[i] for i in torch.randperm(self.batch, generator=gen).tolist()]
 
 
 def default_grid(spec: Spec) -> list[Config]:
@@ -140,7 +152,8 @@ def _fill(spec: Spec, cache, tokens: int, device, gen) -> None:
 def inputs(spec: Spec, cfg: Config, device="cuda", seed: int = 0) -> testing.Case:
     gen = torch.Generator(device=device).manual_seed(seed)
     P = spec.page_size
-    pages_per_seq = math.ceil(cfg.seqlen / P)
+    lengths = cfg.lengths(seed)
+    pages_per_seq = math.ceil(max(lengths) / P)
     pages = cfg.batch * pages_per_seq
     cache = storage.new_cache(spec, pages, device)
     _fill(spec, cache, pages * P, device, gen)
@@ -155,7 +168,7 @@ def inputs(spec: Spec, cfg: Config, device="cuda", seed: int = 0) -> testing.Cas
         return testing.Case(q, cache, None, None, indices)
     order = torch.randperm(pages, device=device, generator=gen).to(torch.int32)
     table = order.view(cfg.batch, pages_per_seq)
-    seqlens = torch.full((cfg.batch,), cfg.seqlen, dtype=torch.int32, device=device)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
     return testing.Case(q, cache, table, seqlens, None)
 
 

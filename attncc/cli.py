@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from .errors import SpecError
@@ -121,18 +122,24 @@ def _bench(args) -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("attncc bench needs a CUDA GPU", file=sys.stderr)
-        return 2
     from . import bench
     from .frontend import check_spec
 
     spec = check_spec(Path(args.spec))
+    if args.ragged and spec.sparse:
+        print(f"attncc bench: --ragged varies sequence lengths; `{spec.name}` is sparse "
+              "(each query reads its top-k)", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("attncc bench needs a CUDA GPU", file=sys.stderr)
+        return 2
     grid = bench.default_grid(spec)
     if any((args.batch, args.heads, args.sq, args.seqlen, args.page)):
         grid = [bench.Config(b, s, h, L, p) for b in _ints(args.batch or "128")
                 for s in _ints(args.sq or "1") for h in _ints(args.heads or str(spec.heads_q))
                 for L in _ints(args.seqlen or "8192") for p in _ints(args.page or str(spec.page_size))]
+    if args.ragged:
+        grid = [dataclasses.replace(cfg, ragged=True) for cfg in grid]
     results, ceilings = bench.bench(spec, grid, iters=args.iters, check=not args.no_check)
     print(bench.format_table(results, ceilings))
     if args.json:
@@ -171,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("spec", metavar="SPEC")
     for axis in ("batch", "heads", "sq", "seqlen", "page"):
         bench.add_argument(f"--{axis}", help="comma-separated values (default: FlashMLA's grid)")
+    bench.add_argument("--ragged", action="store_true",
+                       help="lengths spread over [1, 2 s_k - 1] with mean s_k (dense specs)")
     bench.add_argument("--iters", type=int, default=20)
     bench.add_argument("--no-check", action="store_true", help="skip the reference check")
     bench.add_argument("--json", metavar="FILE", help="write results as JSON")

@@ -1,0 +1,55 @@
+"""`attncc bench` on a machine without a GPU: its configurations (FlashMLA's grid, ragged
+lengths) and the command's refusals. The timings themselves run on the device."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from attncc import bench
+from attncc.cli import main
+from attncc.frontend import check_spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_default_grid_is_flashmla_table_plus_pages_1_and_16():
+    grid = bench.default_grid(check_spec(REPO / "examples" / "mla.attn"))
+    table = {(c.heads_q, c.s_q, c.seqlen) for c in grid if c.page_size == 64}
+    assert table == {(h, s, L) for h in (16, 32, 64, 128) for s in (1, 2) for L in (4096, 8192, 32768)}
+    assert all(c.batch == 128 and not c.ragged for c in grid)
+    assert {c.page_size for c in grid} == {1, 16, 64}
+
+
+@pytest.mark.parametrize("batch,seqlen", [(128, 8192), (33, 100), (1, 7), (2, 1)])
+def test_ragged_lengths_keep_the_total_and_spread(batch, seqlen):
+    """Ragged: lengths in [1, 2 s_k - 1] whose total is the uniform one (so the roofline's
+    bytes and FLOPs are unchanged), deterministic per seed."""
+    cfg = bench.Config(batch, 2, 128, seqlen, 64, ragged=True)
+    lengths = cfg.lengths()
+    assert len(lengths) == batch and sum(lengths) == batch * seqlen
+    assert all(1 <= n <= 2 * seqlen - 1 for n in lengths)
+    assert cfg.lengths() == lengths  # deterministic
+    if batch > 1 and seqlen > 1:
+        assert cfg.lengths(seed=1) != lengths
+    if batch >= 32 and seqlen >= 64:
+        assert max(lengths) - min(lengths) > seqlen  # actually spread, not a constant
+    assert bench.Config(batch, 2, 128, seqlen, 64).lengths() == [seqlen] * batch
+    assert "~" in cfg.label() and "~" not in bench.Config(batch, 2, 128, seqlen, 64).label()
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    return rc, capsys.readouterr().err
+
+
+def test_ragged_sparse_spec_is_refused(capsys):
+    rc, err = _run(capsys, "bench", str(REPO / "examples" / "mla_fp8_sparse.attn"), "--ragged")
+    assert rc == 2 and "--ragged" in err and "sparse" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_bench_without_gpu_says_so(capsys):
+    rc, err = _run(capsys, "bench", str(REPO / "examples" / "mla.attn"), "--ragged")
+    assert rc == 2 and "needs a CUDA GPU" in err
