@@ -3,8 +3,11 @@
 // ## What one CTA computes
 // The rows of a CTA are query rows that read the same kv head j: row R packs (query token t,
 // query head in the group hh) as R = t * group + hh (FlashMLA's packing; sparse: each query
-// token is its own sequence and R = hh). A CTA takes tile_m consecutive rows of one kv head, for
-// one sequence and one split of the KV range, and streams the split's KV tiles of tile_n tokens:
+// token is its own sequence and R = hh). A CTA takes tile_m consecutive rows of one kv head
+// (its lane: row block x kv head), for one sequence and a range of its KV tiles, and streams
+// them, tile_n tokens at a time. The range is one of num_splits equal splits of the sequence
+// (split mode), or each piece in turn of a balanced part of all sequences' tiles (part mode,
+// schedule.cuh: the CTA walks the sequences its part crosses, one decode_tiles per piece):
 //
 //     for each KV tile:                             (cp.async pipeline, `stages` tiles deep)
 //         S  = Q K^T              mma.sync, Q and K from shared memory (ldmatrix); qk_split: two
