@@ -58,10 +58,10 @@ using Combine = attncc::CombineLaunch<Config>;
 extern "C" int attncc_smem_bytes(void) { return Decode::kSmemBytes; }
 extern "C" int attncc_threads(void) { return Decode::kThreads; }
 extern "C" int attncc_ctas_per_split(int s_q) { return Decode::ctas_per_split(s_q); }
-extern "C" int attncc_ctas_per_sm(void) {
+extern "C" int attncc_ctas_per_sm(void) {  // of the part-mode kernel, which asks
   int n = 0;
-  if (cudaFuncSetAttribute(attncc::decode_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, Decode::kSmemBytes) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attncc::decode_kernel<Config>, Decode::kThreads, Decode::kSmemBytes) != cudaSuccess)
+  if (cudaFuncSetAttribute(attncc::decode_parts_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, Decode::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attncc::decode_parts_kernel<Config>, Decode::kThreads, Decode::kSmemBytes) != cudaSuccess)
     return 0;
   return n;
 }
@@ -73,10 +73,11 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   if (err != cudaSuccess || a.batch == 0) return err;
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
 
-  err = cudaFuncSetAttribute(attncc::decode_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, Decode::kSmemBytes);
+  const auto kernel = a.num_parts > 0 ? attncc::decode_parts_kernel<Config> : attncc::decode_kernel<Config>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Decode::kSmemBytes);
   if (err != cudaSuccess) return err;
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
-  attncc::decode_kernel<Config><<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a);
+  kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a);
   if (a.num_splits > 1 || a.num_parts > 0) attncc::combine_kernel<Config><<<Combine::blocks(a), Combine::kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }

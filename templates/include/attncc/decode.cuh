@@ -726,7 +726,8 @@ __device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane) {
 }
 
 // The block and thread index, read so that the compiler cannot keep them (or values derived
-// from them) in registers from an earlier read.
+// from them) in registers from an earlier read, e.g. hoisted out of a part walk and kept live
+// through every main loop.
 __device__ __forceinline__ int fresh_ctaid() {
   int x;
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
@@ -797,9 +798,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
   int* const slot_ring = reinterpret_cast<int*>(smem + T::kSlotOff);
   float* const red = reinterpret_cast<float*>(smem + T::kRedOff);
 
-  // read afresh per piece: values derived from it (copy and Q-load offsets) are then computed
-  // where used, not hoisted out of the part walk and kept live through the main loop
-  const int tid = fresh_tid(), lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
   // The threads that copy KV tiles and keep their slots: all, or (ping_pong) row group 1.
   constexpr bool PP = T::kPingPong;
@@ -847,7 +846,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
         const long long row = (static_cast<long long>(w.b) * s_q + w.row_token(R)) * Cfg::kHeadsQ + head * Cfg::kGroup + w.row_head(R);
         return q_any + row * Cfg::kDK * 2;
       },
-      q_any, tid);
+      q_any, fresh_tid());  // a fresh read: its offsets are not hoisted out of a part walk
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
     if (i < n_iter && producer) T::Copy::issue_all(args, copy_dst(i), slot_ring + i * N, head, ptid);
@@ -1041,44 +1040,41 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
 }
 
 // ------------------------------------------------------------------------------------------
-// The kernel. Split mode (num_parts == 0): one CTA per (lane, split, sequence), lane fastest, so
-// the CTAs that share a sequence's KV tiles run together and share them in L2. Part mode: one
-// CTA per (lane, part), the lanes of a part walking its pieces together (schedule.cuh).
+// The kernels. Split mode: one CTA per (lane, split, sequence), lane fastest, so the CTAs that
+// share a sequence's KV tiles run together and share them in L2. Part mode (num_parts > 0): one
+// CTA per (lane, part), the lanes of a part walking its pieces together (schedule.cuh). Two
+// kernels, not one with a loop that split mode leaves after one pass: inside such a loop the
+// main loop recomputed its copy offsets every step (MLA h_q 128: 991 -> 1066 instructions per
+// KV step, H200: -5%; as its own kernel the part walk's main loop is 1002).
 
 template <class Cfg>
 __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_kernel(const __grid_constant__ AttnccArgs args) {
+  decode_tiles<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x));
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_kernel(const __grid_constant__ AttnccArgs args) {
   using T = DecodeTraits<Cfg>;
   using W = CtaWork<Cfg>;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* const walk = smem + T::kWorkOff + T::kWalkOffset;
   static_assert(9 * 4 <= T::kWalkOffset && 12 * 4 <= T::kWorkBytes - T::kWalkOffset, "work stash: 9 and 12 words");
-  const bool parts = args.num_parts > 0;
-  if (parts) {
-    if (threadIdx.x < 32) {
-      const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args), threadIdx.x);
-      if (threadIdx.x == 0) stash(walk, pw);
-    }
-    __syncthreads();
+  if (threadIdx.x < 32) {
+    const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args), threadIdx.x);
+    if (threadIdx.x == 0) stash(walk, pw);
   }
-  // One call site of decode_tiles (one copy of the main loop) for both modes, and nothing
-  // carried in registers from one piece to the next: the walk is in shared memory and the
-  // block index is read afresh.
+  __syncthreads();
+  // Nothing is carried in registers from one piece to the next: the walk is in shared memory
+  // and the block index is read afresh.
   for (;;) {
-    W w;
-    if (parts) {
-      const PartWalk pw = unstash_walk(walk);
-      if (!pw.has_piece()) break;
-      w = W::of_piece(args, fresh_ctaid() % W::lanes(args), pw.piece(W::seq_tiles(args, pw.seq)));
-    } else {
-      w = W::of_split(args, fresh_ctaid());
-    }
-    decode_tiles<Cfg>(args, w);
-    if (!parts) break;
+    const PartWalk pw = unstash_walk(walk);
+    if (!pw.has_piece()) break;
+    decode_tiles<Cfg>(args, W::of_piece(args, fresh_ctaid() % W::lanes(args), pw.piece(W::seq_tiles(args, pw.seq))));
     __syncthreads();  // every thread is past the piece's epilogue and its last shared read
     if (threadIdx.x == 0) {
-      PartWalk pw = unstash_walk(walk);
-      pw.next(W::seq_tiles(args, pw.seq));
-      stash(walk, pw);
+      PartWalk next = unstash_walk(walk);
+      next.next(W::seq_tiles(args, next.seq));
+      stash(walk, next);
     }
     __syncthreads();
   }
