@@ -70,7 +70,8 @@ def _compile(args) -> int:
     spilled = False
     for k in kernels:
         short = k.function.replace("(anonymous namespace)::", "").split("(")[0]
-        smem = k.smem_bytes + (plan.smem_bytes if "decode_kernel" in short else 0)
+        dynamic = "decode_kernel" in short or "decode_parts_kernel" in short  # the plan's smem
+        smem = k.smem_bytes + (plan.smem_bytes if dynamic else 0)
         spills = k.spill_stores + k.spill_loads
         spilled |= spills > 0
         print(f"{short:<48} {k.registers:>5} {smem:>8} {k.stack_bytes:>6} {spills:>7}")

@@ -102,9 +102,11 @@ def test_compiles_without_spills(tmp_path, case, arch):
     assert (tmp_path / "ptxas.log").read_text() == log
     names = [k.function for k in kernels]
     decode = [k for k in kernels if "decode_kernel" in k.function]
+    parts = [k for k in kernels if "decode_parts_kernel" in k.function]
     combine = [k for k in kernels if "combine_kernel" in k.function]
-    assert len(decode) == 1 and len(combine) == 1, names
-    for k in decode + combine:
+    assert len(decode) == 1 and len(parts) == 1 and len(combine) == 1, names
+    assert len(kernels) == 3, names
+    for k in decode + parts + combine:
         assert k.spill_stores == 0, f"{k.function}: {k.spill_stores} bytes spill stores\n{log}"
         assert k.spill_loads == 0, f"{k.function}: {k.spill_loads} bytes spill loads\n{log}"
         assert k.stack_bytes == 0, f"{k.function}: {k.stack_bytes} bytes stack\n{log}"
