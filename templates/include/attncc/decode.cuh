@@ -133,7 +133,9 @@
 //
 // Runtime (host) conditions: every tensor pointer 16-byte aligned; 1 <= s_q <= max_sq;
 // num_splits >= 1 with the workspace when > 1; or num_parts > 0 (balanced, schedule.cuh),
-// num_splits == 1 and the workspace of 2 num_parts slots; fewer than 2^31 CTAs. Registers: 255 at most with no spills for every plan of kernel_dev/smoke.py (ptxas -v);
+// num_splits == 1 and the workspace of 2 num_parts slots; fewer than 2^31 CTAs.
+// Registers: 255 at most with no spills for every example and tests/specs.py plan, both kernels,
+// sm_90a and sm_80 (tests/test_build.py reads ptxas -v);
 // the largest MLA plans sit at ~250, so a new shape should be compiled once and its report read.
 #pragma once
 
