@@ -18,25 +18,29 @@ namespace attncc {
 
 constexpr int kCombineWarps = 4;
 
-// Merge the partials at workspace rows prow(0), ..., prow(count - 1), in that order, into the
-// query row `row` ([b, s_q, h_q]) of out and lse. One warp; every lane walks the pieces.
+// Merge the partials at workspace rows prow(first), ..., prow(last), in that order, into the
+// query row `row` ([b, s_q, h_q]) of out and lse; prow(k) < 0 names no partial (skipped). One
+// warp; every lane walks the pieces.
 template <class Cfg, class PartialRow>
-__device__ __forceinline__ void merge_partials(const AttnccArgs& args, long long row, int count, PartialRow prow) {
+__device__ __forceinline__ void merge_partials(const AttnccArgs& args, long long row, int first, int last, PartialRow prow) {
   using E = Elem16<Cfg::kElem>;
   const int lane = threadIdx.x & 31;
   float mx = -INFINITY;
-  for (int k = 0; k < count; ++k) mx = fmaxf(mx, args.partial_lse[prow(k)]);
+  for (int k = first; k <= last; ++k)
+    if (prow(k) >= 0) mx = fmaxf(mx, args.partial_lse[prow(k)]);
   float sum = 0.f;
   if (mx != -INFINITY)
-    for (int k = 0; k < count; ++k) sum += __expf(args.partial_lse[prow(k)] - mx);
+    for (int k = first; k <= last; ++k)
+      if (prow(k) >= 0) sum += __expf(args.partial_lse[prow(k)] - mx);
   const float lse = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
 
   auto* out = static_cast<typename E::T*>(args.out) + row * Cfg::kDV;
   for (int c = lane * 4; c < Cfg::kDV; c += 128) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (lse != -INFINITY) {
-      for (int k = 0; k < count; ++k) {
+      for (int k = first; k <= last; ++k) {
         const long long r = prow(k);
+        if (r < 0) continue;
         const float w = __expf(args.partial_lse[r] - lse);  // 0 for a piece that saw nothing
         if (w == 0.f) continue;
         const float4 v = *reinterpret_cast<const float4*>(args.partial_out + r * Cfg::kDV + c);
@@ -68,41 +72,23 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const long long row = static_cast<long long>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
   if (args.num_parts == 0) {  // split mode: split s of the row at s * rows + row
-    merge_partials<Cfg>(args, row, args.num_splits, [&](int s) { return s * rows + row; });
+    merge_partials<Cfg>(args, row, 0, args.num_splits - 1, [&](int s) { return s * rows + row; });
     return;
   }
   // Part mode: where the row's sequence lies on the line of all tiles (schedule.cuh).
+  using W = CtaWork<Cfg>;
   const int t = static_cast<int>(row / Cfg::kHeadsQ % args.s_q);
   const int b = static_cast<int>(row / Cfg::kHeadsQ / args.s_q);
   const int seq = Cfg::kSparse ? b * args.s_q + t : b;
-  const int num_seqs = Cfg::kSparse ? args.batch * args.s_q : args.batch;
-  constexpr int N = DecodeTraits<Cfg>::kTileN;
-  auto tiles = [&](int s) { return ceil_div(Cfg::kSparse ? Cfg::kTopK : __ldg(args.seqlens + s), N); };
-  long long total = 0, base = 0;
-  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
-    const int s = s0 + lane;
-    int n = s < num_seqs ? tiles(s) : 0, before = s < seq ? n : 0;
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      n += __shfl_xor_sync(0xffffffffu, n, d);
-      before += __shfl_xor_sync(0xffffffffu, before, d);
-    }
-    total += n;
-    base += before;
-  }
-  const SeqPieces sp = SeqPieces::of(base, tiles(seq), total, args.num_parts);
+  const TilePrefix line = tiles_before<Cfg>(args, seq, lane);
+  const SeqPieces sp = SeqPieces::of(line.before, W::seq_tiles(args, seq), line.total, args.num_parts);
   if (sp.whole()) return;  // the decode kernel wrote this row
-  // The pieces in part order: parts first .. last, minus the empty ones.
-  int count = 0;
-  for (int p = sp.first; p <= sp.last; ++p) count += sp.slot(p) >= 0;
+  // The pieces in part order: parts first .. last, minus the empty ones (slot -1).
   const long long slot_rows = static_cast<long long>(args.s_q) * Cfg::kHeadsQ;
   const long long in_slot = row % slot_rows;  // (t, h) within a slot: [slot, s_q, h_q]
-  merge_partials<Cfg>(args, row, count, [&](int k) {
-    int p = sp.first;
-    for (int seen = -1;; ++p) {  // the k-th non-empty part from `first`
-      if (sp.slot(p) >= 0 && ++seen == k) break;
-    }
-    return sp.slot(p) * slot_rows + in_slot;
+  merge_partials<Cfg>(args, row, sp.first, sp.last, [=](int p) {
+    const int slot = sp.slot(p);
+    return slot < 0 ? -1LL : slot * slot_rows + in_slot;
   });
 }
 

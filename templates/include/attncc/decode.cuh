@@ -632,8 +632,9 @@ struct CtaWork {
   int tile_begin, tile_end;  // the sequence's tiles this CTA reads (before the causal cut)
   int slot;                  // -1: write out and lse; else the partial slot (split or part slot)
 
-  __device__ __forceinline__ static int lanes(const AttnccArgs& a) {
-    const int rows = Cfg::kSparse ? Cfg::kGroup : a.s_q * Cfg::kGroup;
+  // CTAs that read the same KV tiles: row blocks x kv heads.
+  __host__ __device__ __forceinline__ static int lanes(int s_q) {
+    const int rows = Cfg::kSparse ? Cfg::kGroup : s_q * Cfg::kGroup;
     return ceil_div(rows, DecodeTraits<Cfg>::kTileM) * Cfg::kHeadsKV;
   }
   __device__ __forceinline__ static int num_seqs(const AttnccArgs& a) { return Cfg::kSparse ? a.batch * a.s_q : a.batch; }
@@ -655,7 +656,7 @@ struct CtaWork {
   }
   // Split mode: split `split` of `num_splits` equal tile ranges of the sequence.
   __device__ __forceinline__ static CtaWork of_split(const AttnccArgs& a, int ctaid) {
-    const int n_lanes = lanes(a);
+    const int n_lanes = lanes(a.s_q);
     const int split = (ctaid / n_lanes) % a.num_splits;
     CtaWork w = make(a, ctaid % n_lanes, ctaid / n_lanes / a.num_splits);
     const int n_tiles = seq_tiles(a, w.seq);
@@ -691,6 +692,30 @@ struct CtaWork {
   }
 };
 
+// The tiles of all sequences and of the sequences before `seq`, summed by one warp, 32
+// sequences at a time: where sequence `seq` starts on the line of schedule.cuh.
+struct TilePrefix {
+  long long total, before;
+};
+template <class Cfg>
+__device__ __forceinline__ TilePrefix tiles_before(const AttnccArgs& a, int seq, int lane) {
+  using W = CtaWork<Cfg>;
+  const int num_seqs = W::num_seqs(a);
+  long long all = 0, before = 0;
+  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
+    const int s = s0 + lane;
+    int n = s < num_seqs ? W::seq_tiles(a, s) : 0, b = s < seq ? n : 0;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      n += __shfl_xor_sync(0xffffffffu, n, d);
+      b += __shfl_xor_sync(0xffffffffu, b, d);
+    }
+    all += n;
+    before += b;
+  }
+  return {all, before};
+}
+
 // The start of part `part`'s walk, by warp 0 of the CTA: the total tile count and the first
 // sequence with a piece in the part (schedule.cuh's first_seq_sequential, 32 sequences at a
 // time with warp scans).
@@ -698,13 +723,7 @@ template <class Cfg>
 __device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane) {
   using W = CtaWork<Cfg>;
   const int num_seqs = W::num_seqs(a);
-  long long total = 0;
-  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
-    int n = s0 + lane < num_seqs ? W::seq_tiles(a, s0 + lane) : 0;
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) n += __shfl_xor_sync(0xffffffffu, n, d);
-    total += n;
-  }
+  const long long total = tiles_before<Cfg>(a, 0, lane).total;
   const long long begin = part_begin(part, total, a.num_parts);
   long long base = 0;
   for (int s0 = 0; s0 < num_seqs; s0 += 32) {
@@ -1062,7 +1081,7 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
   unsigned char* const walk = smem + T::kWorkOff + T::kWalkOffset;
   static_assert(9 * 4 <= T::kWalkOffset && 12 * 4 <= T::kWorkBytes - T::kWalkOffset, "work stash: 9 and 12 words");
   if (threadIdx.x < 32) {
-    const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args), threadIdx.x);
+    const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x);
     if (threadIdx.x == 0) stash(walk, pw);
   }
   __syncthreads();
@@ -1071,7 +1090,7 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
   for (;;) {
     const PartWalk pw = unstash_walk(walk);
     if (!pw.has_piece()) break;
-    decode_tiles<Cfg>(args, W::of_piece(args, fresh_ctaid() % W::lanes(args), pw.piece(W::seq_tiles(args, pw.seq))));
+    decode_tiles<Cfg>(args, W::of_piece(args, fresh_ctaid() % W::lanes(args.s_q), pw.piece(W::seq_tiles(args, pw.seq))));
     __syncthreads();  // every thread is past the piece's epilogue and its last shared read
     if (threadIdx.x == 0) {
       PartWalk next = unstash_walk(walk);
@@ -1093,11 +1112,7 @@ struct DecodeLaunch {
 
   // Decode CTAs per (batch entry, split); the split-mode grid is batch * num_splits * this.
   static int ctas_per_split(int s_q) { return lanes(s_q) * (Cfg::kSparse ? s_q : 1); }
-  // CTAs that read the same KV tiles: row blocks x kv heads.
-  static int lanes(int s_q) {
-    const int rows = Cfg::kSparse ? Cfg::kGroup : s_q * Cfg::kGroup;
-    return ceil_div(rows, T::kTileM) * Cfg::kHeadsKV;
-  }
+  static int lanes(int s_q) { return CtaWork<Cfg>::lanes(s_q); }
   static long long ctas(const AttnccArgs& a) {
     return a.num_parts > 0 ? 1LL * a.num_parts * lanes(a.s_q) : 1LL * a.batch * a.num_splits * ctas_per_split(a.s_q);
   }

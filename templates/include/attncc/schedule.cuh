@@ -105,6 +105,8 @@ __host__ __device__ int first_seq_sequential(const Tiles& tiles, int num_seqs, l
 struct SeqPieces {
   long long base, total;
   int n, parts, first, last;
+  long long per_part;  // total = per_part parts + rest: part_begin without a 64-bit division
+  int rest;
 
   __host__ __device__ static SeqPieces of(long long base, int n, long long total, int parts) {
     SeqPieces s;
@@ -114,13 +116,17 @@ struct SeqPieces {
     s.parts = parts;
     s.first = n > 0 ? part_of(base, total, parts) : -1;
     s.last = n > 0 ? part_of(base + n - 1, total, parts) : -1;
+    s.per_part = total / parts;
+    s.rest = static_cast<int>(total % parts);
     return s;
   }
   __host__ __device__ bool whole() const { return first == last; }  // written directly (or n == 0)
+  // part_begin(p, total, parts) = p per_part + p rest / parts (p rest < parts^2: 32 bits).
+  __host__ __device__ long long begin(int p) const { return p * per_part + p * rest / parts; }
   // The partial slot of the piece in part p (first <= p <= last), or -1 when part p is empty.
   __host__ __device__ int slot(int p) const {
-    const long long b = part_begin(p, total, parts);
-    if (b == part_begin(p + 1, total, parts)) return -1;
+    const long long b = begin(p);
+    if (b == begin(p + 1)) return -1;
     const long long lo = base > b ? base : b;
     return lo == b ? 2 * p : 2 * p + 1;
   }
