@@ -92,6 +92,23 @@ def test_forced_part_counts(kernels, name, parts):
         assert result.ok, f"{name} parts={parts} s_q={s_q}: {result}"
 
 
+@pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
+@pytest.mark.parametrize("batch", [16, 31, 32])
+def test_uniform_batch_on_fewer_parts(kernels, name, batch):
+    """A uniform batch on 33 parts uses fewer that cut on sequence boundaries (schedule.cuh's
+    used_parts): 16 sequences on 32 parts (two whole parts each, merged), 31 and 32 sequences
+    on 31 and 32 parts (written directly); the CTAs of the unused parts do nothing."""
+    k = kernels[name]
+    length = 5 * k.spec.page_size + 3
+    for s_q in range(1, k.spec.max_query_len + 1):
+        case = testing.random_case(k.spec, [length] * batch, s_q, seed=batch + 10 * s_q)
+        _poison(k.spec, batch, s_q)
+        out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                        case.indices, k.spec.softmax_scale, -33)
+        result = testing.compare(k.spec, case, out, lse)
+        assert result.ok, f"{name} batch={batch} s_q={s_q}: {result}"
+
+
 @pytest.mark.parametrize("name", ["mla", "gla2", "gqa8", "mla_fp8_sparse", "sparse_bf16_h128"])
 def test_sharp_softmax(kernels, name):
     """A large scale: row maxima keep jumping by more than the lazy-rescale slack (2^8), so O

@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const int b = static_cast<int>(row / Cfg::kHeadsQ / args.s_q);
   const int seq = Cfg::kSparse ? b * args.s_q + t : b;
   const TilePrefix line = tiles_before<Cfg>(args, seq, lane);
-  const SeqPieces sp = SeqPieces::of(line.before, W::seq_tiles(args, seq), line.total, args.num_parts);
+  const SeqPieces sp = SeqPieces::of(line.before, W::seq_tiles(args, seq), line.total, line.parts);
   if (sp.whole()) return;  // the decode kernel wrote this row
   // The pieces in part order: parts first .. last, minus the empty ones (slot -1).
   const long long slot_rows = static_cast<long long>(args.s_q) * Cfg::kHeadsQ;
