@@ -94,10 +94,9 @@ def test_forced_part_counts(kernels, name, parts):
 
 @pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
 @pytest.mark.parametrize("batch", [16, 31, 32])
-def test_uniform_batch_on_fewer_parts(kernels, name, batch):
-    """A uniform batch on 33 parts uses fewer that cut on sequence boundaries (schedule.cuh's
-    used_parts): 16 sequences on 32 parts (two whole parts each, merged), 31 and 32 sequences
-    on 31 and 32 parts (written directly); the CTAs of the unused parts do nothing."""
+def test_uniform_batch_on_33_parts(kernels, name, batch):
+    """Equal sequences on the H200's 33 parts (MLA h_q 128): a cut inside most sequences,
+    at a different place in each; 16 sequences: every sequence crosses two or three parts."""
     k = kernels[name]
     length = 5 * k.spec.page_size + 3
     for s_q in range(1, k.spec.max_query_len + 1):

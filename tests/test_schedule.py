@@ -37,42 +37,31 @@ def walk(tmp_path_factory):
     def run(cases):
         text = "".join(f"{parts} {' '.join(map(str, tiles))}\n" for parts, tiles in cases)
         out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout
-        results, pieces, combine, used = [], [], {}, None
+        results, pieces, combine = [], [], {}
         for line in out.splitlines():
             tag, *rest = line.split()
-            if tag == "U":
-                used = int(rest[0])
-            elif tag == "W":
+            if tag == "W":
                 pieces.append(tuple(map(int, rest)))
             elif tag == "C":
                 combine[int(rest[0])] = None if rest[1:] == ["-"] else [int(x) for x in rest[1:]]
             else:
-                results.append((pieces, combine, used))
+                results.append((pieces, combine))
                 pieces, combine = [], {}
         return results
 
     return run
 
 
-def _check(launched, tiles, pieces, combine, parts):
-    """parts: the parts the schedule used out of the `launched` ones."""
+def _check(parts, tiles, pieces, combine):
     total = sum(tiles)
-    label = f"parts={launched} (used {parts}) tiles={tiles}"
-    uniform = len(set(tiles)) <= 1
-    # fewer parts only for a uniform batch, and at most 1/16 fewer
-    assert parts == launched or (uniform and launched - launched // 16 <= parts < launched), label
+    label = f"parts={parts} tiles={tiles}"
     by_seq = {s: [] for s in range(len(tiles))}
-    by_part = {p: [] for p in range(launched)}
-    part_tiles = [0] * launched
+    part_tiles = [0] * parts
     for part, seq, lo, hi, slot in pieces:
         by_seq[seq].append((part, lo, hi, slot))
-        by_part[part].append((seq, slot))
         part_tiles[part] += hi - lo
-    # the used parts cut the line into equal lengths (to a tile); the others have no piece
-    assert part_tiles[:parts] == [(p + 1) * total // parts - p * total // parts for p in range(parts)], label
-    assert not any(by_part[p] for p in range(parts, launched)), label
-    if parts < launched:  # cut on sequence boundaries: a part is whole sequences or one piece
-        assert all(len(got) == 1 or all(slot == -1 for _, slot in got) for got in by_part.values()), label
+    # the parts cut the line into equal lengths (to a tile)
+    assert part_tiles == [(p + 1) * total // parts - p * total // parts for p in range(parts)], label
     written = []
     for seq, n in enumerate(tiles):
         got = by_seq[seq]
@@ -100,34 +89,8 @@ def test_fixed_cases(walk):
         (4, [3, 0, 0, 9, 0]), (7, [0, 2, 0]), (2, [4, 0, 4]), (3, [1, 0, 0, 0, 2]),
         (16, [1000, 1, 1, 1]),             # one long sequence among short ones
     ]
-    for (parts, tiles), (pieces, combine, used) in zip(cases, walk(cases)):
-        _check(parts, tiles, pieces, combine, used)
-
-
-def test_uniform_batches_cut_on_sequence_boundaries(walk):
-    """A uniform batch uses the largest part count >= parts - parts/16 that the batch divides or
-    that divides the batch: MLA h_q 128 at b = 128 writes every sequence directly."""
-    cases = [
-        ((33, [128] * 128), 32, "direct"),   # 4 whole sequences per part
-        ((33, [5] * 132), 33, "direct"),     # 33 divides 132: nothing to change
-        ((33, [64] * 16), 32, 2),            # each sequence two whole parts
-        ((33, [64] * 8), 32, 4),             # each sequence four whole parts
-        ((33, [64] * 11), 33, 3),            # 33 is already a multiple of 11
-        ((33, [9] * 62), 31, "direct"),      # two sequences per part; 33 - 33/16 = 31
-        ((132, [40] * 128), 128, "direct"),  # 132 - 132/16 = 124 <= 128
-        ((33, [64] * 15), 33, None),         # no part count in [31, 33] fits 15: unchanged
-        ((33, [128] * 127), 33, None),       # no part count in [31, 33] fits 127: unchanged
-        ((8, [3] * 3), 8, None),             # fewer than 16 parts: no slack
-        ((33, [128] * 127 + [127]), 33, None),  # not uniform
-    ]
-    results = walk([case for case, _, _ in cases])
-    for ((parts, tiles), want_used, shape), (pieces, combine, used) in zip(cases, results):
-        assert used == want_used, f"parts={parts} b={len(tiles)}: used {used}"
-        _check(parts, tiles, pieces, combine, used)
-        if shape == "direct":
-            assert all(slots is None for slots in combine.values()), (parts, len(tiles))
-        elif shape is not None:
-            assert all(len(slots) == shape for slots in combine.values()), (parts, len(tiles), combine)
+    for (parts, tiles), (pieces, combine) in zip(cases, walk(cases)):
+        _check(parts, tiles, pieces, combine)
 
 
 def test_random_ragged_batches(walk):
@@ -146,19 +109,16 @@ def test_random_ragged_batches(walk):
         else:
             tiles = [rng.randrange(0, 300)] * rng.choice([size, parts, parts - 1, 2 * parts - 2])  # uniform
         cases.append((parts, tiles))
-    for (parts, tiles), (pieces, combine, used) in zip(cases, walk(cases)):
-        _check(parts, tiles, pieces, combine, used)
+    for (parts, tiles), (pieces, combine) in zip(cases, walk(cases)):
+        _check(parts, tiles, pieces, combine)
 
 
 def test_the_check_catches_a_broken_walk(walk):
     """The invariants are not vacuous: a dropped piece or a swapped slot fails them."""
-    (pieces, combine, used), = walk([(3, [5, 4, 4])])
-    _check(3, [5, 4, 4], pieces, combine, used)
+    (pieces, combine), = walk([(3, [5, 4, 4])])
+    _check(3, [5, 4, 4], pieces, combine)
     with pytest.raises(AssertionError):
-        _check(3, [5, 4, 4], pieces[1:], combine, used)
+        _check(3, [5, 4, 4], pieces[1:], combine)
     split = next(s for s, slots in combine.items() if slots)
     with pytest.raises(AssertionError):
-        _check(3, [5, 4, 4], pieces, {**combine, split: combine[split][::-1]}, used)
-    (pieces, combine, used), = walk([(33, [128] * 128)])
-    with pytest.raises(AssertionError):  # 33 parts over this batch do not cut on boundaries
-        _check(33, [128] * 128, pieces, combine, 33)
+        _check(3, [5, 4, 4], pieces, {**combine, split: combine[split][::-1]})

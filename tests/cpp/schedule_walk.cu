@@ -1,7 +1,6 @@
 // Host driver for tests/test_schedule.py: runs attncc/schedule.cuh's balanced schedule on
 // cases read from stdin ("P n_0 n_1 ..." per line: parts, then each sequence's tile count) and
 // prints what the decode kernel's walk and the combine's lookup would do:
-//     U parts                                 the parts the schedule uses (used_parts)
 //     W part seq tile_begin tile_end slot     one line per piece, parts in order
 //     C seq slot...                           the partial slots the combine merges ("C seq -":
 //                                             none, the kernel wrote the sequence directly)
@@ -24,25 +23,19 @@ int main() {
     const int num_seqs = static_cast<int>(n.size());
     auto tiles = [&](int s) { return n[s]; };
     long long total = 0;
-    bool uniform = true;
-    for (int x : n) {
-      total += x;
-      uniform = uniform && x == n[0];
-    }
-    const int used = attncc::used_parts(parts, num_seqs, uniform);
-    std::cout << "U " << used << '\n';
+    for (int x : n) total += x;
 
-    for (int p = 0; p < parts; ++p) {  // every part of the launch, as the decode kernel's CTAs
+    for (int p = 0; p < parts; ++p) {
       long long first_base = 0;
-      const int first = attncc::first_seq_sequential(tiles, num_seqs, attncc::part_begin(p, total, used), &first_base);
-      for (auto w = attncc::PartWalk::start(p, used, num_seqs, total, first, first_base); w.has_piece(); w.next(n[w.seq])) {
+      const int first = attncc::first_seq_sequential(tiles, num_seqs, attncc::part_begin(p, total, parts), &first_base);
+      for (auto w = attncc::PartWalk::start(p, parts, num_seqs, total, first, first_base); w.has_piece(); w.next(n[w.seq])) {
         const attncc::Piece pc = w.piece(n[w.seq]);
         std::cout << "W " << p << ' ' << pc.seq << ' ' << pc.tile_begin << ' ' << pc.tile_end << ' ' << pc.slot << '\n';
       }
     }
     long long base = 0;
     for (int s = 0; s < num_seqs; ++s) {
-      const auto sp = attncc::SeqPieces::of(base, n[s], total, used);
+      const auto sp = attncc::SeqPieces::of(base, n[s], total, parts);
       std::cout << "C " << s;
       if (sp.whole()) {
         std::cout << " -";

@@ -693,23 +693,18 @@ struct CtaWork {
 };
 
 // The tiles of all sequences and of the sequences before `seq`, summed by one warp, 32
-// sequences at a time: where sequence `seq` starts on the line of schedule.cuh, and the parts
-// the schedule uses (used_parts: fewer when the batch is uniform and they cut on its boundaries).
+// sequences at a time: where sequence `seq` starts on the line of schedule.cuh.
 struct TilePrefix {
   long long total, before;
-  int parts;
 };
 template <class Cfg>
 __device__ __forceinline__ TilePrefix tiles_before(const AttnccArgs& a, int seq, int lane) {
   using W = CtaWork<Cfg>;
   const int num_seqs = W::num_seqs(a);
-  const int n0 = num_seqs > 0 ? W::seq_tiles(a, 0) : 0;
   long long all = 0, before = 0;
-  bool uniform = true;
   for (int s0 = 0; s0 < num_seqs; s0 += 32) {
     const int s = s0 + lane;
     int n = s < num_seqs ? W::seq_tiles(a, s) : 0, b = s < seq ? n : 0;
-    uniform = __all_sync(0xffffffffu, s >= num_seqs || n == n0) && uniform;
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) {
       n += __shfl_xor_sync(0xffffffffu, n, d);
@@ -718,7 +713,7 @@ __device__ __forceinline__ TilePrefix tiles_before(const AttnccArgs& a, int seq,
     all += n;
     before += b;
   }
-  return {all, before, used_parts(a.num_parts, num_seqs, uniform)};
+  return {all, before};
 }
 
 // The start of part `part`'s walk, by warp 0 of the CTA: the total tile count and the first
@@ -728,11 +723,8 @@ template <class Cfg>
 __device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane) {
   using W = CtaWork<Cfg>;
   const int num_seqs = W::num_seqs(a);
-  const TilePrefix line = tiles_before<Cfg>(a, 0, lane);
-  const long long total = line.total;
-  const int parts = line.parts;
-  if (part >= parts) return PartWalk::start(part, parts, num_seqs, total, num_seqs, total);
-  const long long begin = part_begin(part, total, parts);
+  const long long total = tiles_before<Cfg>(a, 0, lane).total;
+  const long long begin = part_begin(part, total, a.num_parts);
   long long base = 0;
   for (int s0 = 0; s0 < num_seqs; s0 += 32) {
     const int n = s0 + lane < num_seqs ? W::seq_tiles(a, s0 + lane) : 0;
@@ -747,11 +739,11 @@ __device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane) {
     const unsigned found = __ballot_sync(0xffffffffu, hit);
     if (found) {
       const int l = __ffs(found) - 1;
-      return PartWalk::start(part, parts, num_seqs, total, s0 + l, base + __shfl_sync(0xffffffffu, excl, l));
+      return PartWalk::start(part, a.num_parts, num_seqs, total, s0 + l, base + __shfl_sync(0xffffffffu, excl, l));
     }
     base += __shfl_sync(0xffffffffu, incl, 31);
   }
-  return PartWalk::start(part, parts, num_seqs, total, num_seqs, total);
+  return PartWalk::start(part, a.num_parts, num_seqs, total, num_seqs, total);
 }
 
 // The block and thread index, read so that the compiler cannot keep them (or values derived

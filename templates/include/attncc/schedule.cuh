@@ -15,25 +15,9 @@
 //     slot = 2 p + 1  the piece starts later (it runs to the part's end)
 // A sequence of no tiles is a piece of the part where its base falls (the last part when its
 // base is T), written directly: out = 0, lse = -inf.
-//
-// When every sequence has the same tile count (a uniform batch), the launch's P parts may cut
-// through sequences that fewer parts would not: P' parts cut on sequence boundaries when P'
-// divides the batch (a part is whole sequences) or the batch divides P' (a sequence is whole
-// parts). used_parts picks the largest such P' >= P - P/16, and the CTAs of parts P'.. have no
-// piece. MLA h_q 128, b = 128: 33 parts leave 32 sequences crossing a cut, each written twice
-// as fp32 partials and merged; 32 parts write every sequence directly, as split mode does.
 #pragma once
 
 namespace attncc {
-
-// Parts of a launch of `parts` parts that the schedule uses (see above); `uniform`: every one
-// of the num_seqs sequences has the same tile count.
-__host__ __device__ __forceinline__ int used_parts(int parts, int num_seqs, bool uniform) {
-  if (!uniform || num_seqs == 0) return parts;
-  for (int p = parts; p >= 1 && p >= parts - parts / 16; --p)
-    if (p % num_seqs == 0 || num_seqs % p == 0) return p;
-  return parts;
-}
 
 // First tile of part p of `parts` over `total` tiles.
 __host__ __device__ __forceinline__ long long part_begin(int p, long long total, int parts) {
@@ -69,7 +53,7 @@ struct PartWalk {
     w.total = total;
     w.begin = part_begin(p, total, P);
     w.end = part_begin(p + 1, total, P);
-    w.seq = p < P ? first_seq : num_seqs;  // a part past the used ones has no piece
+    w.seq = first_seq;
     w.base = first_base;
     return w;
   }
