@@ -29,6 +29,7 @@ import attncc.build
 import attncc.render
 import attncc.resources
 from attncc.build import BuildError, build, cache_key, compile_source
+from attncc.lower import lanes
 
 from specs import EXTRA
 
@@ -115,7 +116,8 @@ def test_compiles_without_spills(tmp_path, case, arch):
     lib = ctypes.CDLL(str(library))
     assert lib.attncc_smem_bytes() == plan.smem_bytes, "lower.py's formula mirrors decode.cuh"
     assert lib.attncc_threads() == plan.warps * 32
-    assert lib.attncc_ctas_per_split(1) >= 1
+    for s_q in range(1, plan.max_sq + 1):  # the library's grid arithmetic is lower.py's lanes()
+        assert lib.attncc_ctas_per_split(s_q) == lanes(plan, s_q) * (s_q if plan.sparse else 1), s_q
     # the generated source is the rendered plan
     assert (tmp_path / f"{plan.name}.cu").read_text() == attncc.render.render(plan)
 

@@ -3,9 +3,9 @@
 tests/cpp/schedule_walk.cu compiles the header's arithmetic (the code the decode and combine
 kernels run) into a host program; these tests feed it ragged batches and check what the
 kernels rely on: every tile of every sequence is covered by exactly one piece, the parts are
-equal to a tile, a sequence inside one part is written directly and only then, the partial
-slots the decode writes are the ones the combine reads, in the same order, and no two pieces
-share a slot."""
+equal to a tile, a sequence inside one part is written directly and only then, only a part's
+first and last pieces are partial (the 2 P slots rely on it), the partial slots the decode
+writes are the ones the combine reads, in the same order, and no two pieces share a slot."""
 import random
 import subprocess
 from pathlib import Path
@@ -56,10 +56,14 @@ def _check(parts, tiles, pieces, combine):
     total = sum(tiles)
     label = f"parts={parts} tiles={tiles}"
     by_seq = {s: [] for s in range(len(tiles))}
+    by_part = {p: [] for p in range(parts)}
     part_tiles = [0] * parts
     for part, seq, lo, hi, slot in pieces:
         by_seq[seq].append((part, lo, hi, slot))
+        by_part[part].append(slot)
         part_tiles[part] += hi - lo
+    # only a part's first and last pieces are partial (slots 2 p and 2 p + 1)
+    assert all(s == -1 for slots in by_part.values() for s in slots[1:-1]), label
     # the parts cut the line into equal lengths (to a tile)
     assert part_tiles == [(p + 1) * total // parts - p * total // parts for p in range(parts)], label
     written = []
