@@ -76,20 +76,24 @@ def test_forced_split_counts(kernels, name, splits):
     assert result.ok, f"{name} splits={splits}: {result}"
 
 
+def _check_on_parts(k, lengths, parts, seed):
+    """Every s_q on `parts` forced balanced parts, outputs poisoned, against the reference."""
+    for s_q in range(1, k.spec.max_query_len + 1):
+        case = testing.random_case(k.spec, lengths, s_q, seed=seed + 10 * s_q)
+        _poison(k.spec, len(lengths), s_q)
+        out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                        case.indices, k.spec.softmax_scale, -parts)
+        result = testing.compare(k.spec, case, out, lse)
+        assert result.ok, f"{k.name} parts={parts} batch={len(lengths)} s_q={s_q}: {result}"
+
+
 @pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
 @pytest.mark.parametrize("parts", [1, 2, 5, 64])
 def test_forced_part_counts(kernels, name, parts):
     """Balanced parts (schedule.cuh) on a ragged batch with empty sequences: sequences
     inside one part, crossing several, more parts than tiles (64), every s_q."""
     k = kernels[name]
-    lengths = [0, 1500, 0, 77, 1, 0, 3 * k.spec.page_size + 1, 0]
-    for s_q in range(1, k.spec.max_query_len + 1):
-        case = testing.random_case(k.spec, lengths, s_q, seed=parts + 10 * s_q)
-        _poison(k.spec, len(lengths), s_q)
-        out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
-                        case.indices, k.spec.softmax_scale, -parts)
-        result = testing.compare(k.spec, case, out, lse)
-        assert result.ok, f"{name} parts={parts} s_q={s_q}: {result}"
+    _check_on_parts(k, [0, 1500, 0, 77, 1, 0, 3 * k.spec.page_size + 1, 0], parts, seed=parts)
 
 
 @pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
@@ -98,14 +102,7 @@ def test_uniform_batch_on_33_parts(kernels, name, batch):
     """Equal sequences on the H200's 33 parts (MLA h_q 128): a cut inside most sequences,
     at a different place in each; 16 sequences: every sequence crosses two or three parts."""
     k = kernels[name]
-    length = 5 * k.spec.page_size + 3
-    for s_q in range(1, k.spec.max_query_len + 1):
-        case = testing.random_case(k.spec, [length] * batch, s_q, seed=batch + 10 * s_q)
-        _poison(k.spec, batch, s_q)
-        out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
-                        case.indices, k.spec.softmax_scale, -33)
-        result = testing.compare(k.spec, case, out, lse)
-        assert result.ok, f"{name} batch={batch} s_q={s_q}: {result}"
+    _check_on_parts(k, [5 * k.spec.page_size + 3] * batch, 33, seed=batch)
 
 
 @pytest.mark.parametrize("name", ["mla", "gla2", "gqa8", "mla_fp8_sparse", "sparse_bf16_h128"])

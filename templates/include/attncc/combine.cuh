@@ -94,10 +94,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 4) combine_kernel(const __
     if (row < rows) merge_partials<Cfg>(args, row, 0, args.num_splits - 1, [&](int s) { return s * rows + row; });
     return;
   }
-  // Part mode: rows [chunk kPartRows, ...) of sequence seq, whose rows are contiguous in
-  // [b, s_q, h_q] (dense: seq = b; sparse: seq = b s_q + t).
+  // Part mode: rows [chunk kPartRows, ...) of sequence seq (dense: seq = b; sparse: seq = b s_q + t).
   using W = CtaWork<Cfg>;
-  const int seq_rows = Cfg::kSparse ? Cfg::kHeadsQ : args.s_q * Cfg::kHeadsQ;
+  const int seq_rows = W::seq_rows(args.s_q);
   const int chunks = ceil_div(seq_rows, kPartRows);
   const int seq = static_cast<int>(blockIdx.x / chunks), chunk = static_cast<int>(blockIdx.x % chunks);
   __shared__ SeqPieces pieces;
@@ -125,11 +124,8 @@ template <class Cfg>
 struct CombineLaunch {
   static constexpr int kThreads = kCombineWarps * 32;
   static unsigned blocks(const AttnccArgs& a) {
-    if (a.num_parts > 0) {
-      const long long seqs = Cfg::kSparse ? 1LL * a.batch * a.s_q : a.batch;
-      const int seq_rows = Cfg::kSparse ? Cfg::kHeadsQ : a.s_q * Cfg::kHeadsQ;
-      return static_cast<unsigned>(seqs * ceil_div(seq_rows, kPartRows));
-    }
+    if (a.num_parts > 0)  // one block per kPartRows rows of each sequence
+      return static_cast<unsigned>(1LL * CtaWork<Cfg>::num_seqs(a) * ceil_div(CtaWork<Cfg>::seq_rows(a.s_q), kPartRows));
     const long long rows = static_cast<long long>(a.batch) * a.s_q * Cfg::kHeadsQ;
     return static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps);
   }

@@ -637,7 +637,9 @@ struct CtaWork {
     const int rows = Cfg::kSparse ? Cfg::kGroup : s_q * Cfg::kGroup;
     return ceil_div(rows, DecodeTraits<Cfg>::kTileM) * Cfg::kHeadsKV;
   }
-  __device__ __forceinline__ static int num_seqs(const AttnccArgs& a) { return Cfg::kSparse ? a.batch * a.s_q : a.batch; }
+  __host__ __device__ __forceinline__ static int num_seqs(const AttnccArgs& a) { return Cfg::kSparse ? a.batch * a.s_q : a.batch; }
+  // Query rows of one sequence, contiguous in [b, s_q, h_q]: dense s_q h_q, sparse h_q.
+  __host__ __device__ __forceinline__ static int seq_rows(int s_q) { return Cfg::kSparse ? Cfg::kHeadsQ : s_q * Cfg::kHeadsQ; }
   __device__ __forceinline__ static int seq_tiles(const AttnccArgs& a, int seq) {
     constexpr int N = DecodeTraits<Cfg>::kTileN;
     return ceil_div(Cfg::kSparse ? Cfg::kTopK : __ldg(a.seqlens + seq), N);
