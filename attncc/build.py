@@ -26,9 +26,9 @@ from pathlib import Path
 from . import __version__
 from .lower import Plan
 from .render import INCLUDE_DIR, render, source_name, template_digest
+from .target import TARGETS
 
-ARCH_FLAGS = {"sm90a": "-gencode=arch=compute_90a,code=sm_90a",
-              "sm80": "-gencode=arch=compute_80,code=sm_80"}
+ARCH_FLAGS = {name: t.arch_flag for name, t in TARGETS.items()}
 NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "-Xptxas", "-v")
 LIBRARY = "kernel.so"
 READY = "READY"  # written last inside the temp dir: a directory without it is incomplete

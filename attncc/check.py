@@ -8,7 +8,8 @@ import math
 
 from . import syntax as st
 from .errors import Source, Span, SpecError
-from .ir import DTYPES, SCALE_DTYPES, TARGETS, Schedule, Segment, Slice, Spec
+from .ir import DTYPES, SCALE_DTYPES, Schedule, Segment, Slice, Spec
+from .target import TARGETS
 
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "e4m3",
                   "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "f16": "fp16"}

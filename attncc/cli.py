@@ -6,7 +6,7 @@ import dataclasses
 import sys
 
 from .errors import SpecError
-from .explain import GPUS
+from .target import GPUS, TARGETS
 
 
 def _check(args) -> int:
@@ -44,7 +44,6 @@ def _compile(args) -> int:
     import attncc
 
     from .build import compile_source, nvcc
-    from .lower import SMEM_LIMIT
     from .render import write_sources
 
     plan = attncc.compile(Path(args.spec)).plan
@@ -59,9 +58,10 @@ def _compile(args) -> int:
         print("nvcc not found: rendered only")
         return 0
     arch = args.arch or plan.target
-    if plan.smem_bytes > SMEM_LIMIT[arch]:
-        print(f"attncc: warning: this plan (lowered for {plan.target}) needs {plan.smem_bytes} B "
-              f"of shared memory, more than {arch} gives a block ({SMEM_LIMIT[arch]}): it will "
+    limit = TARGETS[arch].smem_per_block
+    if plan.config.smem_bytes > limit:
+        print(f"attncc: warning: this plan (lowered for {plan.target}) needs {plan.config.smem_bytes} B "
+              f"of shared memory, more than {arch} gives a block ({limit}): it will "
               f"compile but not launch there; write `target {arch}` in the schedule to lower for it",
               file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,7 +71,7 @@ def _compile(args) -> int:
     for k in kernels:
         short = k.function.replace("(anonymous namespace)::", "").split("(")[0]
         dynamic = "decode_kernel" in short or "decode_parts_kernel" in short  # the plan's smem
-        smem = k.smem_bytes + (plan.smem_bytes if dynamic else 0)
+        smem = k.smem_bytes + (plan.config.smem_bytes if dynamic else 0)
         spills = k.spill_stores + k.spill_loads
         spilled |= spills > 0
         print(f"{short:<48} {k.registers:>5} {smem:>8} {k.stack_bytes:>6} {spills:>7}")
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "registers/shared memory/spills")
     compile_.add_argument("spec", metavar="SPEC")
     compile_.add_argument("-o", "--output", metavar="DIR", help="default generated/<name>/")
-    compile_.add_argument("--arch", choices=["sm90a", "sm80"], help="default: the schedule's target")
+    compile_.add_argument("--arch", choices=sorted(TARGETS), help="default: the schedule's target")
     compile_.add_argument("--no-build", action="store_true", help="render only")
     compile_.set_defaults(run=_compile)
     test = sub.add_parser("test", help="generated op vs reference on random inputs (needs a GPU)")

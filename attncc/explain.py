@@ -5,18 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ir import Spec
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """Measured on the device machine (DESIGN.md, bench/RESULTS.md)."""
-
-    name: str
-    bandwidth: float  # bytes/s, device-to-device copy
-    flops: float      # FLOP/s, bf16 GEMM 8192³
-
-
-GPUS = {"h200": Ceilings("NVIDIA H200", 4.2e12, 756e12)}
+from .target import GPUS
 
 
 @dataclass(frozen=True)

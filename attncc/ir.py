@@ -29,7 +29,6 @@ DTYPES = {
 }
 SCALE_DTYPES = {"fp32": 4}
 SCALE_BYTES = SCALE_DTYPES["fp32"]
-TARGETS = ("sm90a", "sm80")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class Kernel:
         return f"<attncc.Kernel {self.name} ({self.spec.digest[:12]})>"
 
     def explain(self, batch: int = 1, seqlen: int = 4096, s_q: int = 1, gpu: str = "h200") -> str:
-        lines = (self._plan.explain_lines() if self._plan is not None
+        lines = (self._plan.explain_lines(batch, seqlen, s_q) if self._plan is not None
                  else (f"plan: none on this kernel path: {self._plan_error.message}",))
         return explain(self.spec, batch, seqlen, s_q, gpu, lines)
 

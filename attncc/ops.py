@@ -3,67 +3,16 @@ implementation, the reference on CPU and the built library on CUDA. The torch si
 a launch lives here; the library only sees pointers, sizes and a stream (abi.h)."""
 from __future__ import annotations
 
-import ctypes
 from functools import lru_cache
-from pathlib import Path
 from typing import Optional
 
 import torch
 
-from . import reference, storage, validate
+from . import reference, split, storage, validate
+from .abi import AttnccArgs, Library
 from .build import build
 from .ir import Spec
-from .lower import Plan, balanced, num_parts, num_splits
-
-MAX_TENSORS = 8
-
-
-class AttnccArgs(ctypes.Structure):
-    """Mirror of templates/include/attncc/abi.h."""
-
-    _fields_ = [
-        ("q", ctypes.c_void_p), ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
-        ("tensors", ctypes.c_void_p * MAX_TENSORS),
-        ("block_table", ctypes.c_void_p), ("block_table_stride", ctypes.c_int),
-        ("seqlens", ctypes.c_void_p), ("indices", ctypes.c_void_p),
-        ("partial_out", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p),
-        ("batch", ctypes.c_int), ("s_q", ctypes.c_int), ("num_splits", ctypes.c_int),
-        ("num_parts", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
-    ]
-
-
-class Library:
-    """A loaded kernel library (C ABI): attncc_launch(const AttnccArgs*) -> cudaError_t."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.dll = ctypes.CDLL(str(path))
-        self.dll.attncc_launch.argtypes = [ctypes.POINTER(AttnccArgs)]
-        self.dll.attncc_launch.restype = ctypes.c_int
-        self._ctas_per_sm = None
-
-    def ctas_per_sm(self) -> int:
-        """Decode CTAs one SM holds at once (the occupancy API, asked once)."""
-        if self._ctas_per_sm is None:
-            self._ctas_per_sm = max(1, self.dll.attncc_ctas_per_sm())
-        return self._ctas_per_sm
-
-    def launch(self, args: AttnccArgs) -> None:
-        status = self.dll.attncc_launch(ctypes.byref(args))
-        if status != 0:
-            raise RuntimeError(f"attncc kernel launch failed: CUDA error {status} "
-                               f"({_cuda_error_name(status)}) in {self.path}")
-
-
-def _cuda_error_name(status: int) -> str:
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-        try:
-            runtime = ctypes.CDLL(name)
-        except OSError:
-            continue
-        runtime.cudaGetErrorString.restype = ctypes.c_char_p
-        return runtime.cudaGetErrorString(status).decode()
-    return "unknown"
+from .lower import Plan
 
 
 @lru_cache(maxsize=None)
@@ -101,12 +50,10 @@ def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, i
         return out, lse
     splits, parts = _schedule(plan, library, batch, s_q, block_table, splits, q.device.index or 0)
     partial_out = partial_lse = None
-    if splits > 1 or parts:
-        slots, slot_batch = (2 * parts, 1) if parts else (splits, batch)
-        partial_out = torch.empty(slots, slot_batch, s_q, plan.heads_q, plan.d_v,
-                                  dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty(slots, slot_batch, s_q, plan.heads_q, dtype=torch.float32,
-                                  device=q.device)
+    workspace = split.workspace_shapes(plan, batch, s_q, splits, parts)
+    if workspace is not None:
+        partial_out = torch.empty(workspace[0], dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty(workspace[1], dtype=torch.float32, device=q.device)
     args = AttnccArgs()
     args.q, args.out, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
     for i, t in enumerate(cache):
@@ -131,15 +78,10 @@ def _schedule(plan: Plan, library: Library, batch: int, s_q: int, block_table, r
     """(num_splits, num_parts) of a launch, from shapes alone (no host sync, CUDA-graph safe).
     requested: the op's num_splits argument, 0 (choose), n >= 1 (n splits per sequence)
     or -p (p balanced parts)."""
-    if requested < 0:
-        return 1, -requested
-    if requested > 0:
-        return requested, 0
-    sms = _sm_count(device_index)
-    if balanced(plan):
-        return 1, num_parts(plan, s_q, sms, library.ctas_per_sm())
     kv_tokens = plan.topk if plan.sparse else block_table.shape[1] * plan.page_size
-    return num_splits(plan, batch, s_q, kv_tokens, sms), 0
+    per_sm = library.ctas_per_sm() if requested == 0 and split.balanced(plan) else 1
+    return split.launch_schedule(plan, batch, s_q, kv_tokens, requested,
+                                 _sm_count(device_index), per_sm)
 
 
 _OPS: dict[str, object] = {}

@@ -1,16 +1,19 @@
-"""Kernel plan → CUDA source, through thin Jinja templates (templates/*.j2). The
-algorithm lives in templates/include/attncc/*.cuh; templates only emit constants."""
+"""Kernel plan → CUDA source, through thin Jinja templates (templates/<family>/*.j2 and
+templates/plan.j2). The algorithm lives in templates/include/attncc/; templates only emit the
+plan's numbers as named constexprs and the launch sequence."""
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import fields, is_dataclass
 from functools import lru_cache
 
+from . import families
 from .lower import Plan
 from .resources import TEMPLATES_DIR
 
-KERNEL_TEMPLATE = "decode.cu.j2"
 INCLUDE_DIR = TEMPLATES_DIR / "include"
+ACRONYMS = {"qk", "kv", "pv"}  # spelled in capitals in constant names: kQKSplit, kKVOff
 
 
 @lru_cache(maxsize=1)
@@ -25,9 +28,32 @@ def source_name(plan: Plan) -> str:
     return f"{plan.name}.cu"
 
 
+def constant_name(field_name: str) -> str:
+    """`q_rows_pitch_bytes` -> `kQRowsPitchBytes`."""
+    return "k" + "".join(p.upper() if p in ACRONYMS else p.capitalize() for p in field_name.split("_"))
+
+
+def _constant(name: str, value, why: str = "") -> list[dict]:
+    if is_dataclass(value):  # a nested record (e.g. a shared-memory row layout): one constant a field
+        return [c for f in fields(value) for c in _constant(f"{name}_{f.name}", getattr(value, f.name))]
+    if isinstance(value, bool):
+        return [dict(type="bool", name=constant_name(name), value="true" if value else "false", why=why)]
+    if isinstance(value, int):
+        return [dict(type="int", name=constant_name(name), value=str(value), why=why)]
+    raise TypeError(f"config field {name}: no C++ constant for {type(value).__name__}")
+
+
+def constants(plan: Plan) -> list[dict]:
+    """Every field of the plan's kernel config as a named constexpr (type, name, value, why)."""
+    cfg = plan.config
+    return [c for name, value in cfg.choices().items() for c in _constant(name, value, cfg.reason(name))]
+
+
 def render(plan: Plan) -> str:
     """The translation unit for one plan: constants + kernel instantiations + C ABI."""
-    return _environment().get_template(KERNEL_TEMPLATE).render(plan=plan.template_dict())
+    template = families.by_name(plan.family).template
+    return _environment().get_template(template).render(plan=plan.template_dict(),
+                                                        constants=constants(plan))
 
 
 def template_digest() -> str:

@@ -29,7 +29,7 @@ import attncc.build
 import attncc.render
 import attncc.resources
 from attncc.build import BuildError, build, cache_key, compile_source
-from attncc.lower import lanes
+from attncc.split import ctas_per_split
 
 from specs import EXTRA
 
@@ -114,10 +114,10 @@ def test_compiles_without_spills(tmp_path, case, arch):
         assert 0 < k.registers <= 255
     # the C ABI of abi.h; the constants need no GPU to read
     lib = ctypes.CDLL(str(library))
-    assert lib.attncc_smem_bytes() == plan.smem_bytes, "lower.py's formula mirrors decode.cuh"
-    assert lib.attncc_threads() == plan.warps * 32
-    for s_q in range(1, plan.max_sq + 1):  # the library's grid arithmetic is lower.py's lanes()
-        assert lib.attncc_ctas_per_split(s_q) == lanes(plan, s_q) * (s_q if plan.sparse else 1), s_q
+    assert lib.attncc_smem_bytes() == plan.config.smem_bytes, "the library uses the plan's shared memory"
+    assert lib.attncc_threads() == plan.config.threads
+    for s_q in range(1, plan.max_sq + 1):  # the library's grid arithmetic is split.py's
+        assert lib.attncc_ctas_per_split(s_q) == ctas_per_split(plan, s_q), s_q
     # the generated source is the rendered plan
     assert (tmp_path / f"{plan.name}.cu").read_text() == attncc.render.render(plan)
 
@@ -258,8 +258,8 @@ def template_copy(tmp_path, monkeypatch):
     attncc.render._environment.cache_clear()
 
 
-@pytest.mark.parametrize("path", ["decode.cu.j2", "include/attncc/decode.cuh",
-                                  "include/attncc/softmax.cuh", "include/attncc/abi.h"])
+@pytest.mark.parametrize("path", ["mma_sync/decode.cu.j2", "plan.j2", "include/attncc/mma_sync/kernel.cuh",
+                                  "include/attncc/core/softmax.cuh", "include/attncc/abi.h"])
 def test_cache_key_changes_with_template_content(template_copy, path):
     plan = plan_of("gqa8")
     before = cache_key(plan)
@@ -476,7 +476,7 @@ def test_concurrent_processes_build_once(cache_dir, tmp_path):
     assert len(marker.read_text().splitlines()) == 1, marker.read_text()
     assert entries(cache_dir) == [key]
     library = cache_dir / key / attncc.build.LIBRARY
-    assert library.is_file() and ctypes.CDLL(str(library)).attncc_smem_bytes() == plan.smem_bytes
+    assert library.is_file() and ctypes.CDLL(str(library)).attncc_smem_bytes() == plan.config.smem_bytes
 
 
 # --- (d) a failing build ---------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""Lowering (attncc/lower.py): checked spec + schedule -> kernel plan, on CPU.
+"""Lowering (attncc/lower.py, attncc/layout.py, attncc/families/): checked spec + schedule
+-> kernel plan, on CPU.
 
-The plan must obey the constraints documented at the top of
-templates/include/attncc/decode.cuh (re-implemented here independently, as is its
-shared-memory formula), stage every cache run once, honour the schedule's knobs, and
+The plan must be one the mma.sync kernel can run (the properties below; its C++ static_asserts
+check the same at build time), stage every cache run once, honour the schedule's knobs, and
 turn an impossible schedule into a positioned SpecError at the knob."""
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import attncc
-from attncc import lower as lowering
-from attncc.lower import DecodeMetadata, Plan, UnsupportedSpec, num_splits
+from attncc import split
+from attncc.lower import Plan, UnsupportedSpec
+from attncc.split import DecodeMetadata, num_splits
+from attncc.target import TARGETS
 
 from specs import EXTRA
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.attn"))
-SMEM_CAP = 232448  # decode.cuh: kSmemLimitBytes, the largest dynamic smem of a CTA on sm_90
+SMEM_CAP = 232448  # the largest dynamic shared memory of a CTA on sm_90 (227 KB)
 
 
 def compile_quiet(source):
@@ -46,72 +48,93 @@ GQA8_TEXT = (REPO / "examples" / "gqa8.attn").read_text()
 MLA_ATTENTION = (REPO / "examples" / "mla.attn").read_text().split("schedule mla")[0]
 
 
-# --- an independent statement of decode.cuh's constraints and shared-memory formula -------
+# --- what the mma.sync kernel needs of a plan ---------------------------------------------
 
 FP8 = ("e4m3", "e5m2")
 
 
-def pitch(width: int) -> int:
-    """pitch(w) = 2 * 8 * c', c = w / 8 chunks; c' = c if c % 8 == 0 or c odd, else c + 1."""
-    c = width // 8
-    c2 = c if (c % 8 == 0 or c % 2 == 1) else c + 1
-    return 2 * 8 * c2
+def assert_rows_conflict_free(rows, cols: int) -> None:
+    """A shared-memory row layout holds `cols` 16-bit values a row, and 8 consecutive rows'
+    chunk c lands in 8 different 16-byte bank groups (what ldmatrix reads at once)."""
+    assert rows.cols == cols and rows.pitch_bytes % 16 == 0 and rows.pitch_bytes >= 2 * cols
+    chunks, pitch = cols // 8, rows.pitch_bytes // 16
+    if rows.swizzle:
+        assert chunks % 8 == 0 and pitch == chunks
+    for c in range(chunks):
+        groups = {(r * pitch + ((c ^ (r % 8)) if rows.swizzle else c)) % 8 for r in range(8)}
+        assert len(groups) == 8, (rows, c)
 
 
-def pad16(n: int) -> int:
-    return -(-n // 16) * 16
+def assert_regions(plan: Plan) -> None:
+    """Shared memory: every region 16-byte aligned, inside the total, disjoint from the others,
+    and as large as what the kernel keeps there."""
+    cfg, lay = plan.config, plan.layout
+    raw = lay.fp8
+    regions = {
+        "q": (cfg.q_off, cfg.q_rows.bytes(cfg.tile_m), cfg.tile_m * plan.d_k * 2),
+        "kv": (cfg.kv_off, cfg.kv_buffers * cfg.kv_tile_bytes,
+               (1 if raw else cfg.stages) * cfg.tile_n * lay.staged_width * 2),
+        "raw": (cfg.raw_off, cfg.stages * cfg.raw_tile_bytes if raw else 0,
+                cfg.stages * cfg.tile_n * lay.raw_pitch if raw else 0),
+        "p": (cfg.p_off, cfg.p_rows.bytes(cfg.tile_m), cfg.tile_m * cfg.tile_n * 2),
+        "slots": (cfg.slot_off, (cfg.stages + 1) * cfg.tile_n * 4, (cfg.stages + 1) * cfg.tile_n * 4),
+        "red": (cfg.red_off, cfg.warps_n * cfg.tile_m * 4, cfg.warps_n * cfg.tile_m * 4),
+        "work": (cfg.work_off, cfg.work_bytes, 21 * 4),
+    }
+    spans = []
+    for name, (off, size, need) in regions.items():
+        assert off % 16 == 0, name
+        assert size >= need, (name, size, need)
+        assert off + size <= cfg.smem_bytes, name
+        if size:
+            spans.append((off, off + size, name))
+    spans.sort()
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        assert end <= start, f"{a} overlaps {b}"
+    assert cfg.kv_tile_bytes == cfg.kv_rows.bytes(cfg.tile_n)
+    assert cfg.raw_tile_bytes == lay.raw_pitch * cfg.tile_n
+    assert cfg.walk_off >= 9 * 4 and cfg.work_bytes - cfg.walk_off >= 12 * 4
+    assert_rows_conflict_free(cfg.q_rows, plan.d_k)
+    assert_rows_conflict_free(cfg.kv_rows, lay.staged_width)
+    assert_rows_conflict_free(cfg.p_rows, cfg.tile_n)
 
 
-def expected_smem(plan: Plan) -> int:
-    raw = any(s.dtype in FP8 for s in plan.sources)
-    raw_pitch = 0
-    for s in plan.sources:
+def assert_raw_row(plan: Plan) -> None:
+    """fp8 staging: each run's bytes, then its scales, 16-byte padded, back to back."""
+    at = 0
+    for s in plan.layout.sources:
         elem_bytes = 1 if s.dtype in FP8 else 2
-        scales = 0
-        if s.dtype in FP8:
+        assert s.raw_offset == at and s.raw_offset % 16 == 0
+        assert s.raw_scale_offset == s.raw_offset + -(-s.width * elem_bytes // 16) * 16
+        at = s.raw_scale_offset
+        if s.scale:
             g = s.scale.group
-            scales = (s.seg_lo + s.width - 1) // g - s.seg_lo // g + 1
-        raw_pitch += pad16(s.width * elem_bytes) + pad16(scales * 4)
-    wn = plan.warps // (plan.tile_m // plan.warp_rows)
-    q = plan.tile_m * pitch(plan.d_k)
-    staged = (1 if raw else plan.stages) * plan.tile_n * pitch(plan.staged_width)
-    raw_bytes = plan.stages * plan.tile_n * raw_pitch if raw else 0
-    p = plan.tile_m * pitch(plan.tile_n)
-    slots = (plan.stages + 1) * plan.tile_n * 4
-    red = wn * plan.tile_m * 4
-    work = 128  # the CTA's work and part walk, read back by the epilogue and the walk
-    return q + staged + raw_bytes + p + slots + red + work
-
-
-def layout_legal(wr, tile_m, tile_n, warps, d_v) -> bool:
-    if tile_m % wr:
-        return False
-    wm = tile_m // wr
-    if warps % wm:
-        return False
-    wn = warps // wm
-    return (tile_n % (8 * wn) == 0 and d_v % (16 * wn) == 0 and tile_n <= 32 * warps
-            and wr * (d_v // wn) // 32 <= 128 and wr * (tile_n // wn) // 32 <= 32)
+            assert s.scale.first_group == s.seg_lo // g
+            assert s.scale.count == (s.seg_lo + s.width - 1) // g - s.seg_lo // g + 1
+            at += -(-s.scale.count * 4 // 16) * 16
+    assert plan.layout.raw_pitch == at
 
 
 def assert_legal(plan: Plan) -> None:
-    """Every constraint of decode.cuh's header comment (and its static_asserts)."""
+    """Every constraint the mma.sync kernel states (traits.cuh's static_asserts)."""
+    cfg, lay = plan.config, plan.layout
+    assert plan.family == "mma_sync"
     assert plan.elem in ("bf16", "fp16")
     assert plan.d_k % 16 == 0 and plan.d_v % 16 == 0
-    for runs, width in ((plan.key_runs, plan.d_k), (plan.value_runs, plan.d_v)):
+    for runs, width in ((lay.key_runs, plan.d_k), (lay.value_runs, plan.d_v)):
         assert sum(w for _, w in runs) == width
         for col, w in runs:
             assert col % 8 == 0 and w % 8 == 0 and w > 0
-            assert col + w <= plan.staged_width
-    assert plan.staged_width % 8 == 0
-    assert plan.staged_width == sum(s.width for s in plan.sources)
-    strides = [t.token_stride_bytes for t in plan.tensors]
-    assert 1 <= len(plan.tensors) <= 8
+            assert col + w <= lay.staged_width
+    assert lay.staged_width % 8 == 0
+    assert lay.staged_width == sum(s.width for s in lay.sources)
+    strides = [t.token_stride_bytes for t in lay.tensors]
+    assert 1 <= len(lay.tensors) <= 8
     col = 0
-    for s in plan.sources:
+    for s in lay.sources:
         assert s.smem_col == col, "sources are staged back to back in record order"
         col += s.width
-        assert s.smem_col % 8 == 0 and s.smem_col + s.width <= plan.staged_width
+        assert s.smem_col % 8 == 0 and s.smem_col + s.width <= lay.staged_width
         elem_bytes = 1 if s.dtype in FP8 else 2
         assert s.offset_bytes % 16 == 0
         assert s.head_stride_bytes % 16 == 0
@@ -125,30 +148,51 @@ def assert_legal(plan: Plan) -> None:
         else:
             assert s.scale is None
             assert s.dtype == plan.elem
-    assert 2 <= plan.stages <= 8
-    assert plan.warps in (4, 8, 16)
-    assert plan.tile_m % 16 == 0 and plan.tile_n % 16 == 0
-    assert plan.tile_n <= plan.warps * 32
-    assert plan.warp_rows in (16, 32)
-    assert layout_legal(plan.warp_rows, plan.tile_m, plan.tile_n, plan.warps, plan.d_v)
-    assert plan.tile_m // plan.warp_rows <= 15  # one named barrier per row group
-    # lowering claims the legal warp_rows with the fewest shared-memory reads (16 on a tie)
-    def reads(wr):
-        wm = plan.tile_m // wr
-        wn = plan.warps // wm
-        return (wn * plan.tile_m * plan.d_k + wm * plan.tile_n * plan.d_k
-                + wn * plan.tile_m * plan.tile_n + wm * plan.tile_n * plan.d_v)
-    legal = [wr for wr in (16, 32) if layout_legal(wr, plan.tile_m, plan.tile_n, plan.warps, plan.d_v)]
-    assert plan.warp_rows == min(legal, key=lambda wr: (reads(wr), wr))
-    assert plan.smem_bytes == expected_smem(plan)
-    assert plan.smem_bytes <= SMEM_CAP
-    assert plan.smem_bytes <= lowering.SMEM_LIMIT[plan.target]
+    assert_raw_row(plan)
+    assert lay.fp8 == any(s.dtype in FP8 for s in lay.sources) == cfg.raw_staging
+    assert 2 <= cfg.stages <= 8
+    assert cfg.warps in (4, 8) and cfg.threads == 32 * cfg.warps
+    assert cfg.tile_m % 16 == 0 and cfg.tile_n % 16 == 0
+    assert cfg.tile_n <= cfg.threads
+    # the warp layout: WM x WN warps cover the rows, the tokens and the value columns
+    wr, wm, wn = cfg.warp_rows, cfg.warps_m, cfg.warps_n
+    assert wr in (16, 32) and wm * wr == cfg.tile_m and wm * wn == cfg.warps
+    assert cfg.m_tiles * 16 == wr
+    assert cfg.tokens_per_warp * wn == cfg.tile_n and cfg.score_n_tiles * 8 == cfg.tokens_per_warp
+    assert cfg.value_cols_per_warp * wn == plan.d_v and cfg.value_n_tiles * 8 == cfg.value_cols_per_warp
+    assert cfg.value_n_tiles % 2 == 0, "O += P V takes value columns in pairs of n8 tiles"
+    assert cfg.acc_registers == cfg.m_tiles * cfg.value_n_tiles * 4 <= 128
+    assert wr * cfg.tokens_per_warp // 32 <= 32
+    # policy flags, where they are legal
+    if cfg.qk_split:
+        assert wn % 2 == 0 and wr * 2 * cfg.tokens_per_warp // 32 <= 32
+        assert all(c % 32 == 0 and w % 32 == 0 for c, w in lay.key_runs)
+        assert wn * cfg.pair_slot_bytes <= cfg.p_rows.bytes(wr)
+    assert cfg.qk_n_tiles == (2 if cfg.qk_split else 1) * cfg.score_n_tiles
+    assert cfg.qk_steps * (32 if cfg.qk_split else 16) == plan.d_k
+    assert cfg.qk_chains >= 1
+    if cfg.ping_pong:
+        assert wm == 2 and cfg.stages == 2 and not cfg.raw_staging and cfg.tile_n <= 32 * wn
+        assert cfg.compute_bound
+    assert cfg.copy_threads == (32 * wn if cfg.ping_pong else cfg.threads)
+    assert 1 <= cfg.copy_steps <= cfg.qk_steps
+    if cfg.copy_token_major:
+        assert cfg.tile_n * 8 % cfg.copy_threads == 0
+        assert cfg.raw_staging or all((s.smem_col // 8) % 8 == 0 for s in lay.sources)
+    # named barriers: distinct ids below 16
+    ids = [0] + list(range(cfg.row_group_barrier0, cfg.row_group_barrier0 + wm))
+    ids += list(range(cfg.pair_barrier0, cfg.pair_barrier0 + (cfg.warps // 2 if cfg.qk_split else 0)))
+    ids += list(range(cfg.full_barrier0, cfg.full_barrier0 + 4)) if cfg.ping_pong else []
+    assert len(ids) == len(set(ids)) and max(ids) < cfg.barriers <= 16
+    assert_regions(plan)
+    assert cfg.smem_bytes <= SMEM_CAP
+    assert cfg.smem_bytes <= TARGETS[plan.target].smem_per_block
 
 
 def staged_columns(plan: Plan, runs) -> list[tuple[str, int]]:
     """(segment, index in segment) of every staged column a run list reads."""
     where = {}
-    for s in plan.sources:
+    for s in plan.layout.sources:
         for i in range(s.width):
             where[s.smem_col + i] = (s.segment, s.seg_lo + i)
     return [where[c] for col, w in runs for c in range(col, col + w)]
@@ -168,10 +212,10 @@ def test_plan_is_legal_and_reads_the_spec(name):
     assert_legal(plan)
     spec = k.spec
     # key and value, as staged columns, are exactly the spec's concatenations
-    assert staged_columns(plan, plan.key_runs) == spec_columns(spec.key)
-    assert staged_columns(plan, plan.value_runs) == spec_columns(spec.value)
+    assert staged_columns(plan, plan.layout.key_runs) == spec_columns(spec.key)
+    assert staged_columns(plan, plan.layout.value_runs) == spec_columns(spec.value)
     # each cache element is staged at most once (MLA's latent feeds both products)
-    staged = staged_columns(plan, [(0, plan.staged_width)])
+    staged = staged_columns(plan, [(0, plan.layout.staged_width)])
     assert len(staged) == len(set(staged))
     assert set(staged) == set(spec_columns(spec.key)) | set(spec_columns(spec.value))
     # numbers straight from the spec
@@ -179,11 +223,11 @@ def test_plan_is_legal_and_reads_the_spec(name):
     assert (plan.d_k, plan.d_v, plan.page_size) == (spec.d_k, spec.d_v, spec.page_size)
     assert (plan.max_sq, plan.causal, plan.sparse, plan.topk) == (
         spec.max_query_len, spec.causal, spec.sparse, spec.topk)
-    assert plan.num_sms == lowering.NUM_SMS[plan.target]
+    assert plan.num_sms == TARGETS[plan.target].sm_count
     # one tensor per storage tensor, token strides as DESIGN.md §2 lays them out
     layouts = attncc.storage.tensor_layouts(spec, 1)
-    assert [t.name for t in plan.tensors] == list(layouts)
-    for t in plan.tensors:
+    assert [t.name for t in plan.layout.tensors] == list(layouts)
+    for t in plan.layout.tensors:
         shape, dtype = layouts[t.name]
         assert t.token_stride_bytes == math.prod(shape[2:]) * dtype.itemsize
 
@@ -194,27 +238,28 @@ def test_plan_canonical_json_round_trips():
     plan = example("mla_fp8_sparse").plan
     data = json.loads(plan.canonical_json())
     assert data == json.loads(json.dumps(plan.template_dict()))
-    assert data["name"] == "mla_fp8_sparse" and data["sources"][0]["scale"]["group"] == 128
+    assert data["name"] == "mla_fp8_sparse" and data["layout"]["sources"][0]["scale"]["group"] == 128
+    assert data["family"] == "mma_sync" and "why" not in data["config"] and "refused" not in data
 
 
 # --- sources per variant --------------------------------------------------------------
 
 def source(plan, segment):
-    found = [s for s in plan.sources if s.segment == segment]
-    assert len(found) == 1, plan.sources
+    found = [s for s in plan.layout.sources if s.segment == segment]
+    assert len(found) == 1, plan.layout.sources
     return found[0]
 
 
 def test_mla_latent_and_rope_staged_once_value_overlaps_key():
     plan = example("mla").plan
-    assert [s.segment for s in plan.sources] == ["latent", "rope"]
+    assert [s.segment for s in plan.layout.sources] == ["latent", "rope"]
     latent, rope = source(plan, "latent"), source(plan, "rope")
     assert (latent.tensor, latent.offset_bytes, latent.width, latent.seg_lo, latent.smem_col) == (0, 0, 512, 0, 0)
     assert (rope.tensor, rope.offset_bytes, rope.width, rope.seg_lo, rope.smem_col) == (0, 1024, 64, 0, 512)
-    assert plan.staged_width == 576
-    assert plan.key_runs == ((0, 576),)
-    assert plan.value_runs == ((0, 512),)
-    assert plan.tensors[0].token_stride_bytes == 1152
+    assert plan.layout.staged_width == 576
+    assert plan.layout.key_runs == ((0, 576),)
+    assert plan.layout.value_runs == ((0, 512),)
+    assert plan.layout.tensors[0].token_stride_bytes == 1152
     assert latent.scale is None and rope.scale is None
 
 
@@ -223,15 +268,15 @@ def test_gqa_k_and_v_sources_side_by_side():
     k, v = source(plan, "k"), source(plan, "v")
     assert (k.offset_bytes, k.head_stride_bytes, k.width, k.smem_col) == (0, 256, 128, 0)
     assert (v.offset_bytes, v.head_stride_bytes, v.width, v.smem_col) == (8 * 256, 256, 128, 128)
-    assert plan.key_runs == ((0, 128),) and plan.value_runs == ((128, 128),)
-    assert plan.staged_width == 256
-    assert plan.tensors[0].token_stride_bytes == 8 * 2 * 256
+    assert plan.layout.key_runs == ((0, 128),) and plan.layout.value_runs == ((128, 128),)
+    assert plan.layout.staged_width == 256
+    assert plan.layout.tensors[0].token_stride_bytes == 8 * 2 * 256
 
 
 def test_mqa_k_and_v_sources():
     plan = example("mqa").plan
     assert (source(plan, "v").offset_bytes, source(plan, "v").smem_col) == (256, 128)
-    assert plan.key_runs == ((0, 128),) and plan.value_runs == ((128, 128),)
+    assert plan.layout.key_runs == ((0, 128),) and plan.layout.value_runs == ((128, 128),)
 
 
 def test_gta4_key_runs_skip_the_rotated_half():
@@ -239,8 +284,8 @@ def test_gta4_key_runs_skip_the_rotated_half():
     tied, rope = source(plan, "tied"), source(plan, "rope")
     assert (tied.width, tied.smem_col, tied.head_stride_bytes) == (128, 0, 256)
     assert (rope.width, rope.smem_col, rope.head_stride_bytes, rope.offset_bytes) == (64, 128, 0, 4 * 256)
-    assert [list(r) for r in plan.key_runs] == [[0, 64], [128, 64]]
-    assert [list(r) for r in plan.value_runs] == [[0, 128]]
+    assert [list(r) for r in plan.layout.key_runs] == [[0, 64], [128, 64]]
+    assert [list(r) for r in plan.layout.value_runs] == [[0, 128]]
     assert plan.d_k == 128 and plan.d_v == 128
 
 
@@ -249,8 +294,8 @@ def test_gla2_rope_is_shared_with_head_stride_zero():
     latent, rope = source(plan, "latent"), source(plan, "rope")
     assert latent.head_stride_bytes == 512 and latent.offset_bytes == 0
     assert rope.head_stride_bytes == 0 and rope.offset_bytes == 2 * 512
-    assert plan.key_runs == ((0, 320),) and plan.value_runs == ((0, 256),)
-    assert plan.tensors[0].token_stride_bytes == 2 * 512 + 128
+    assert plan.layout.key_runs == ((0, 320),) and plan.layout.value_runs == ((0, 256),)
+    assert plan.layout.tensors[0].token_stride_bytes == 2 * 512 + 128
 
 
 def test_fp8_scales_follow_their_values():
@@ -261,7 +306,7 @@ def test_fp8_scales_follow_their_values():
     assert (latent.scale.tensor, latent.scale.offset_bytes, latent.scale.group) == (0, 512, 128)
     assert latent.scale.head_stride_bytes == latent.head_stride_bytes == 512 + 4 * 4
     assert rope.offset_bytes == 528 and rope.scale is None
-    assert plan.tensors[0].token_stride_bytes == 656  # FlashMLA's 656 bytes/token
+    assert plan.layout.tensors[0].token_stride_bytes == 656  # FlashMLA's 656 bytes/token
     assert plan.sparse and plan.topk == 2048
 
 
@@ -271,7 +316,7 @@ def test_fp8_per_64_has_eight_scales_per_head():
     assert latent.scale.group == 64 and latent.scale.offset_bytes == 512
     assert latent.head_stride_bytes == 512 + 8 * 4
     assert source(plan, "rope").offset_bytes == 544
-    assert plan.tensors[0].token_stride_bytes == 544 + 128
+    assert plan.layout.tensors[0].token_stride_bytes == 544 + 128
 
 
 SEPARATE_FP8 = """
@@ -289,13 +334,13 @@ attention sep_fp8 {
 
 def test_separate_storage_one_tensor_per_segment_plus_scales():
     plan = compile_quiet(SEPARATE_FP8).plan
-    assert [(t.name, t.token_stride_bytes) for t in plan.tensors] == [
+    assert [(t.name, t.token_stride_bytes) for t in plan.layout.tensors] == [
         ("c", 2 * 256), ("c_scale", 2 * 4 * 4), ("r", 64 * 2)]
     c, r = source(plan, "c"), source(plan, "r")
     assert (c.tensor, c.offset_bytes, c.head_stride_bytes) == (0, 0, 256)
     assert (c.scale.tensor, c.scale.offset_bytes, c.scale.head_stride_bytes, c.scale.group) == (1, 0, 16, 64)
     assert (r.tensor, r.offset_bytes, r.head_stride_bytes, r.scale) == (2, 0, 0, None)
-    assert plan.key_runs == ((0, 320),) and plan.value_runs == ((0, 256),)
+    assert plan.layout.key_runs == ((0, 320),) and plan.layout.value_runs == ((0, 256),)
 
 
 def test_scale_tensor_needs_only_a_4_byte_token_stride():
@@ -313,13 +358,13 @@ attention sep_two_scales {
 }
 """
     plan = compile_quiet(text).plan
-    assert [(t.name, t.token_stride_bytes) for t in plan.tensors] == [("c", 256), ("c_scale", 8), ("r", 128)]
+    assert [(t.name, t.token_stride_bytes) for t in plan.layout.tensors] == [("c", 256), ("c_scale", 8), ("r", 128)]
     assert_legal(plan)
 
 
 def test_separate_bf16_gqa():
     plan = compile_quiet(EXTRA["gqa8_separate"]).plan
-    assert [(t.name, t.token_stride_bytes) for t in plan.tensors] == [("k", 8 * 256), ("v", 8 * 256)]
+    assert [(t.name, t.token_stride_bytes) for t in plan.layout.tensors] == [("k", 8 * 256), ("v", 8 * 256)]
     k, v = source(plan, "k"), source(plan, "v")
     assert (k.tensor, k.offset_bytes, k.head_stride_bytes) == (0, 0, 256)
     assert (v.tensor, v.offset_bytes, v.head_stride_bytes) == (1, 0, 256)
@@ -337,9 +382,9 @@ attention part {
 }
 """
     plan = compile_quiet(text).plan
-    assert [(s.seg_lo, s.width, s.smem_col) for s in plan.sources] == [(32, 64, 0), (128, 64, 64)]
-    assert [s.offset_bytes for s in plan.sources] == [64, 256]
-    assert plan.key_runs == ((0, 64),) and plan.value_runs == ((64, 64),)
+    assert [(s.seg_lo, s.width, s.smem_col) for s in plan.layout.sources] == [(32, 64, 0), (128, 64, 64)]
+    assert [s.offset_bytes for s in plan.layout.sources] == [64, 256]
+    assert plan.layout.key_runs == ((0, 64),) and plan.layout.value_runs == ((64, 64),)
     assert_legal(plan)
 
 
@@ -348,7 +393,7 @@ attention part {
 def test_schedule_knobs_honoured():
     k = compile_quiet(with_schedule(GQA8_TEXT, "gqa8", "tile q = 32, kv = 32", "stages 3", "split_kv 4"))
     plan = k.plan
-    assert (plan.tile_m, plan.tile_n, plan.stages, plan.split_kv) == (32, 32, 3, 4)
+    assert (plan.config.tile_m, plan.config.tile_n, plan.config.stages, plan.split_kv) == (32, 32, 3, 4)
     assert_legal(plan)
 
 
@@ -360,13 +405,13 @@ def test_split_kv_off_and_target_sm80():
 
 def test_sm80_target_fits_its_smaller_shared_memory():
     plan = compile_quiet(MLA_ATTENTION + "schedule mla {\n    target sm80\n}\n").plan
-    assert plan.smem_bytes <= lowering.SMEM_LIMIT["sm80"] == 163 * 1024
+    assert plan.config.smem_bytes <= TARGETS["sm80"].smem_per_block == 163 * 1024
     assert_legal(plan)
 
 
 def test_mla_example_schedule():
     plan = example("mla").plan
-    assert (plan.tile_m, plan.tile_n, plan.stages, plan.split_kv) == (64, 64, 2, "auto")
+    assert (plan.config.tile_m, plan.config.tile_n, plan.config.stages, plan.split_kv) == (64, 64, 2, "auto")
 
 
 def knob_line(text: str, knob: str) -> tuple[int, int]:
@@ -411,7 +456,7 @@ def test_tile_overflowing_shared_memory_is_an_error_at_a_knob():
 
 def test_deep_pipeline_shrinks_the_default_tile():
     plan = compile_quiet(with_schedule(MLA_ATTENTION, "mla", "stages 8")).plan
-    assert plan.stages == 8 and plan.tile_n < 64
+    assert plan.config.stages == 8 and plan.config.tile_n < 64
     assert_legal(plan)
 
 
@@ -433,7 +478,7 @@ def test_every_tile_q_the_error_message_offers_is_accepted():
     assert offered, info.value.message
     for rows in offered:
         plan = compile_quiet(with_schedule(GQA8_TEXT, "gqa8", f"tile q = {rows}, kv = 64")).plan
-        assert plan.tile_m == rows
+        assert plan.config.tile_m == rows
         assert_legal(plan)
 
 
@@ -552,7 +597,7 @@ def test_num_splits_off_is_one():
 
 def test_num_splits_fixed_is_capped_by_tiles():
     plan = compile_quiet(with_schedule(GQA8_TEXT, "gqa8", "split_kv 4")).plan
-    n = plan.tile_n
+    n = plan.config.tile_n
     assert num_splits(plan, 1, 1, 1, 132) == 1
     assert num_splits(plan, 1, 1, n, 132) == 1
     assert num_splits(plan, 1, 1, n + 1, 132) == 2
@@ -564,7 +609,7 @@ def test_num_splits_fixed_is_capped_by_tiles():
 
 def units(plan, batch, s_q):
     rows = plan.group * (1 if plan.sparse else s_q)
-    return batch * (s_q if plan.sparse else 1) * plan.heads_kv * math.ceil(rows / plan.tile_m)
+    return batch * (s_q if plan.sparse else 1) * plan.heads_kv * math.ceil(rows / plan.config.tile_m)
 
 
 @pytest.mark.parametrize("name", ["gqa8", "mla", "gla2", "mqa"])
@@ -596,7 +641,7 @@ def test_num_splits_auto_splits_hold_at_least_256_tokens(kv, batch, s_q):
     splits = num_splits(plan, batch, s_q, kv, 132)
     assert splits >= 1
     if splits > 1:
-        assert kv / splits >= lowering.MIN_TOKENS_PER_SPLIT, (kv, splits)
+        assert kv / splits >= split.MIN_TOKENS_PER_SPLIT, (kv, splits)
 
 
 def test_plan_call_depends_on_the_longest_sequence():
@@ -619,7 +664,7 @@ def test_plan_call_sparse_uses_topk():
     assert meta.longest == 2048
     assert meta.num_splits == 0  # compute-bound: balanced parts, chosen at launch
     memory_bound = compile_quiet(SPARSE_H16)
-    assert not lowering.balanced(memory_bound.plan)
+    assert not split.balanced(memory_bound.plan)
     meta = memory_bound.plan([1, 2])
     assert meta.longest == 256
     assert meta.num_splits == num_splits(memory_bound.plan, 2, 1, 256, memory_bound.plan.num_sms)
@@ -640,25 +685,25 @@ def test_compute_bound_auto_plans_balance_parts():
     """split_kv auto balances parts exactly when the plan is compute-bound (2 tile_m (d_k +
     d_v) >= 64 record bytes per kv head); off or a fixed count keeps splits."""
     mla = example("mla").plan  # h_q 128: 64-row tiles, 2 * 64 * 1088 >= 64 * 1152
-    assert mla.compute_bound and lowering.balanced(mla)
-    assert mla.compute_bound == (2 * mla.tile_m * (mla.d_k + mla.d_v) >= 64 * 1152)
+    assert mla.config.compute_bound and split.balanced(mla)
+    assert mla.config.compute_bound == (2 * mla.config.tile_m * (mla.d_k + mla.d_v) >= 64 * 1152)
     for text in (SPARSE_H16, GQA8_TEXT):
         plan = compile_quiet(text).plan
-        assert not plan.compute_bound and not lowering.balanced(plan)
+        assert not plan.config.compute_bound and not split.balanced(plan)
     for knob in ("split_kv off", "split_kv 3"):
         text = (REPO / "examples" / "mla.attn").read_text().replace("split_kv auto", knob)
         plan = compile_quiet(text).plan
-        assert plan.compute_bound and not lowering.balanced(plan)
+        assert plan.config.compute_bound and not split.balanced(plan)
     assert "balanced" in "\n".join(mla.explain_lines())
 
 
 def test_num_parts_fill_the_sms_once():
     mla = example("mla").plan  # one kv head; 128 rows per query token, 64-row tiles
-    assert lowering.lanes(mla, 1) == 2 and lowering.lanes(mla, 2) == 4
-    assert lowering.num_parts(mla, 2, 132, 1) == 33   # 33 parts x 4 CTAs = 132
-    assert lowering.num_parts(mla, 1, 132, 1) == 66
-    assert lowering.num_parts(mla, 2, 132, 2) == 66   # two CTAs per SM: twice the parts
-    assert lowering.num_parts(mla, 2, 2, 1) == 1      # never zero parts
+    assert split.lanes(mla, 1) == 2 and split.lanes(mla, 2) == 4
+    assert split.num_parts(mla, 2, 132, 1) == 33   # 33 parts x 4 CTAs = 132
+    assert split.num_parts(mla, 1, 132, 1) == 66
+    assert split.num_parts(mla, 2, 132, 2) == 66   # two CTAs per SM: twice the parts
+    assert split.num_parts(mla, 2, 2, 1) == 1      # never zero parts
     assert example("mla").plan([5, 9000], s_q=2) == DecodeMetadata(0, 9000)
 
 
@@ -720,5 +765,5 @@ def test_random_specs_lower_to_legal_plans_or_positioned_errors(text):
         assert str(exc).startswith(f"<string>:{exc.span.line}:{exc.span.column}: ")
         return
     assert_legal(plan)
-    assert staged_columns(plan, plan.key_runs) == spec_columns(k.spec.key)
-    assert staged_columns(plan, plan.value_runs) == spec_columns(k.spec.value)
+    assert staged_columns(plan, plan.layout.key_runs) == spec_columns(k.spec.key)
+    assert staged_columns(plan, plan.layout.value_runs) == spec_columns(k.spec.value)

@@ -293,7 +293,7 @@ def test_launch_schedule_comes_from_shapes(monkeypatch):
     per SM's worth of CTAs; the others split each sequence; the argument overrides both."""
     import warnings
 
-    from attncc import lower, ops
+    from attncc import ops, split
 
     class Library:  # the occupancy the built library would report
         def __init__(self, per_sm):
@@ -312,6 +312,6 @@ def test_launch_schedule_comes_from_shapes(monkeypatch):
     assert ops._schedule(mla, Library(2), 128, 1, table, 0, 0) == (1, 132)
     assert ops._schedule(mla, Library(1), 128, 2, table, 3, 0) == (3, 0)
     assert ops._schedule(mla, Library(1), 128, 2, table, -5, 0) == (1, 5)
-    assert not lower.balanced(gqa)
-    expected = lower.num_splits(gqa, 3, 1, 128 * gqa.page_size, 132)
+    assert not split.balanced(gqa)
+    expected = split.num_splits(gqa, 3, 1, 128 * gqa.page_size, 132)
     assert ops._schedule(gqa, Library(4), 3, 1, table[:3], 0, 0) == (expected, 0)

@@ -20,9 +20,11 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_ships_grammar_templates_and_headers(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "attncc/_grammar/attn.lark" in names
-    assert "attncc/_templates/decode.cu.j2" in names
-    headers = {n for n in names if n.startswith("attncc/_templates/include/attncc/")}
-    assert {Path(h).name for h in headers} >= {p.name for p in (ROOT / "templates/include/attncc").iterdir()}
+    templates = ROOT / "templates"
+    shipped = {n.removeprefix("attncc/_templates/") for n in names if n.startswith("attncc/_templates/")}
+    wanted = {str(p.relative_to(templates)) for p in templates.rglob("*")
+              if p.is_file() and p.suffix in (".j2", ".cuh", ".h")}
+    assert wanted and wanted <= shipped, sorted(wanted - shipped)
 
 
 def test_installed_package_parses_and_explains_outside_the_checkout(wheel, tmp_path):

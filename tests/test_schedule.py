@@ -1,4 +1,4 @@
-"""The balanced split-KV schedule of templates/include/attncc/schedule.cuh, run on the host.
+"""The balanced split-KV schedule of templates/include/attncc/core/schedule.cuh, run on the host.
 
 tests/cpp/schedule_walk.cu compiles the header's arithmetic (the code the decode and combine
 kernels run) into a host program; these tests feed it ragged batches and check what the

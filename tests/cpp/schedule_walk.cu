@@ -1,4 +1,4 @@
-// Host driver for tests/test_schedule.py: runs attncc/schedule.cuh's balanced schedule on
+// Host driver for tests/test_schedule.py: runs attncc/core/schedule.cuh's balanced schedule on
 // cases read from stdin ("P n_0 n_1 ..." per line: parts, then each sequence's tile count) and
 // prints what the decode kernel's walk and the combine's lookup would do:
 //     W part seq tile_begin tile_end slot     one line per piece, parts in order
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "attncc/schedule.cuh"
+#include "attncc/core/schedule.cuh"
 
 int main() {
   std::string line;

@@ -3,6 +3,8 @@
  *
  * Every generated shared library exports
  *
+ *     int attncc_abi_version(void);                ATTNCC_ABI_VERSION the library was built with
+ *     int attncc_args_size(void);                  sizeof(AttnccArgs) the library was built with
  *     int attncc_launch(const AttnccArgs* args);   returns a cudaError_t
  *     int attncc_smem_bytes(void);                 dynamic shared memory of the decode kernel
  *     int attncc_threads(void);                    threads per decode CTA
@@ -10,10 +12,15 @@
  *     int attncc_ctas_per_sm(void);                decode CTAs one SM holds at once (0: unknown)
  *
  * and nothing else; the host (Python, through ctypes or a thin binding) fills this struct with
- * device pointers and sizes. Plain C: no C++ in this header.
+ * device pointers and sizes, after checking the first two against its own (attncc/abi.py reads
+ * the version and the tensor limit from this file: they are defined here only). Any change to
+ * AttnccArgs or to the meaning of a field bumps ATTNCC_ABI_VERSION. Plain C: no C++ here.
  *
  * Tensor conventions (DESIGN.md section 3). All tensors are contiguous; d_k, d_v, h_q, h_kv,
  * page size, top-k and the cache layout are compile-time properties of the library.
+ * Workspace (attncc/split.py's workspace_shapes is the host's one statement of it):
+ *   split mode  partial_out [num_splits, b, s_q, h_q, d_v], partial_lse [num_splits, b, s_q, h_q]
+ *   part mode   partial_out [2 num_parts, 1, s_q, h_q, d_v], partial_lse [2 num_parts, 1, s_q, h_q]
  */
 #ifndef ATTNCC_ABI_H_
 #define ATTNCC_ABI_H_
@@ -22,6 +29,7 @@
 extern "C" {
 #endif
 
+#define ATTNCC_ABI_VERSION 1
 #define ATTNCC_MAX_TENSORS 8
 
 typedef struct AttnccArgs {
@@ -45,6 +53,8 @@ typedef struct AttnccArgs {
 } AttnccArgs;
 
 /* Exported by every generated library (see the top of this file). */
+int attncc_abi_version(void);
+int attncc_args_size(void);
 int attncc_launch(const AttnccArgs* args);
 int attncc_smem_bytes(void);
 int attncc_threads(void);

@@ -1,4 +1,4 @@
-// attncc/softmax.cuh: online softmax over mma C fragments, in the log2 domain.
+// attncc/core/softmax.cuh: online softmax over mma C fragments, in the log2 domain.
 //
 // Scores are used as s2 = (q . k) * scale * log2(e), so that exp(scale * q.k - M) is
 // exp2(s2 - m) with m = M * log2(e). The products hand over raw q . k: the scale (positive, so
@@ -24,19 +24,14 @@
 // owns 2 rows per m-tile, indexed [mt][h] with h = j / 2.
 #pragma once
 
-#include "attncc/common.cuh"
+#include "attncc/core/common.cuh"
+#include "attncc/core/ptx.cuh"
 
 namespace attncc {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kRescaleSlack = 8.f;  // log2 of the largest P between rescales
 constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Max over the 4 lanes of a quad (the lanes that share a row of a C fragment).
 __device__ __forceinline__ float quad_max(float x) {

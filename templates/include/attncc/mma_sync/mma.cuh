@@ -1,4 +1,4 @@
-// attncc/mma.cuh: warp-level tensor-core primitives (sm_80+): ldmatrix and mma.sync m16n8k16.
+// attncc/mma_sync/mma.cuh: warp-level tensor-core primitives (sm_80+): ldmatrix and mma.sync m16n8k16.
 //
 // Fragment layouts (PTX ISA, "mma.m16n8k16"), g = lane / 4, q = lane % 4:
 //   A 16x16 (row-major), 4 regs of 2 elements:
@@ -13,7 +13,7 @@
 //   - .trans, rows = K index and 16 bytes along N: yields B fragments from a row-major V tile.
 #pragma once
 
-#include "attncc/common.cuh"
+#include "attncc/core/common.cuh"
 
 namespace attncc {
 

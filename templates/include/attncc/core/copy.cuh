@@ -1,104 +1,21 @@
-// attncc/load.cuh: from the paged cache in global memory to shared memory.
+// attncc/core/copy.cuh: KV tiles and Q rows from global to shared memory, by cp.async.
 //
-//   1. Paging. The slot of cache position `pos` is
-//          dense:  block_table[b, pos / P] * P + pos % P
-//          sparse: indices[b, t, pos]                      (-1 = no token)
-//      It is computed once per KV tile, one thread per token, and kept in a small shared array
-//      (`slots`), so every 16-byte copy of the tile reads its token's slot from shared memory:
-//      page size 1 costs one extra 4-byte load per token, nothing per byte. The global read of
-//      the page number / index is issued one KV step ahead into a register (SlotPrefetch), so
-//      its latency hides behind a whole step of math.
-//   2. Copies. cp.async 16-byte copies (cp.async.cg, L1 bypassed), zero-filled for slot -1 so
-//      that masked tokens read as 0 (never NaN: unused slots may hold anything).
-//        - 16-bit runs go straight into the staged tile at their staged columns (direct mode);
-//        - when the record has an fp8 run, every run goes into a "raw" copy of the record and
-//          dequant.cuh converts it into the staged tile (raw mode); fp32 scales are copied with
-//          4-byte cp.async.
+// 16-byte cp.async copies (cp.async.cg, L1 bypassed), zero-filled for slot -1 so that masked
+// tokens read as 0 (never NaN: unused slots may hold anything). The slots come from
+// paging.cuh.
+//   - 16-bit runs go straight into the staged tile at their staged columns (direct mode);
+//   - when the record has an fp8 run, every run goes into a "raw" row of the record (each run's
+//     bytes at its raw_offset, fp8 scales at raw_scale_offset, rows Cfg::kRawPitchBytes apart;
+//     attncc/layout.py lays it out) and dequant.cuh converts it into the staged tile (raw
+//     mode); fp32 scales are copied with 4-byte cp.async.
 #pragma once
 
 #include "attncc/abi.h"
-#include "attncc/common.cuh"
+#include "attncc/core/common.cuh"
+#include "attncc/core/ptx.cuh"
+#include "attncc/core/smem.cuh"
 
 namespace attncc {
-
-// ------------------------------------------------------------------------------------------
-// cp.async
-
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-// ------------------------------------------------------------------------------------------
-// Paging
-
-// Everything a CTA needs to turn a cache position into a slot.
-struct SlotSource {
-  const int* row;  // dense: this sequence's block-table row; sparse: this query token's indices
-  int limit;       // positions >= limit have no slot (past the sequence or past the CTA's view)
-};
-
-// Page number (dense) or index (sparse) of position `pos`; -1 outside [0, limit).
-template <class Cfg>
-__device__ __forceinline__ int load_slot_raw(const SlotSource& s, int pos) {
-  if (pos >= s.limit) return -1;
-  if constexpr (Cfg::kSparse) {
-    return __ldg(s.row + pos);
-  } else {
-    return __ldg(s.row + pos / Cfg::kPageSize);
-  }
-}
-
-template <class Cfg>
-__device__ __forceinline__ int slot_from_raw(int raw, int pos) {
-  if constexpr (Cfg::kSparse) {
-    return raw < 0 ? -1 : raw;
-  } else {
-    return raw < 0 ? -1 : raw * Cfg::kPageSize + pos % Cfg::kPageSize;
-  }
-}
-
-// One thread per token of a KV tile holds the next tile's page number / index in a register,
-// so that the global load is in flight for a whole KV step before it is stored.
-template <class Cfg>
-struct SlotPrefetch {
-  int raw = -1;
-
-  __device__ __forceinline__ void load(const SlotSource& s, int tile, int tid) {
-    if (tid < Cfg::kTileN) raw = load_slot_raw<Cfg>(s, tile * Cfg::kTileN + tid);
-  }
-  // Store the slot of the tile last loaded (`tile`, again) into `slots`.
-  __device__ __forceinline__ void store(int* slots, int tile, int tid) const {
-    if (tid < Cfg::kTileN) slots[tid] = slot_from_raw<Cfg>(raw, tile * Cfg::kTileN + tid);
-  }
-};
-
-// ------------------------------------------------------------------------------------------
-// Raw-record layout (raw mode): per token, each run's bytes then, for fp8 runs, its scales,
-// each piece padded to 16 bytes.
-
-template <class Cfg>
-struct RawLayout {
-  __host__ __device__ static constexpr int pad16(int x) { return (x + 15) / 16 * 16; }
-  __host__ __device__ static constexpr int data_offset(int i) {
-    int off = 0;
-    for (int k = 0; k < i; ++k) off += pad16(Cfg::kSources[k].data_bytes()) + pad16(Cfg::kSources[k].num_scales() * 4);
-    return off;
-  }
-  __host__ __device__ static constexpr int scale_offset(int i) { return data_offset(i) + pad16(Cfg::kSources[i].data_bytes()); }
-  static constexpr int kPitchBytes = data_offset(Cfg::kNumSources);
-  __host__ __device__ static constexpr int bytes(int tokens) { return tokens * kPitchBytes; }
-};
 
 // ------------------------------------------------------------------------------------------
 // Tile copies
@@ -155,27 +72,29 @@ __device__ __forceinline__ void for_each_item(int tid, F&& f) {
 //     per tile (Cursor) and every copy's shared address is a constant plus one per-thread value
 //     (LaneRow; staged columns on multiples of 8 chunks): a copy costs little more than its
 //     cp.async, which matters when the copies are spread over the k-steps of S = Q K^T.
-//   chunk-major (otherwise, or when the caller disallows token-major: its Cursor holds a pointer
+//   chunk-major (otherwise, or where the lowering chose it: a token-major Cursor holds a pointer
 //     per pass and source, too many registers to keep live through S = Q K^T when the copies
 //     are interleaved there): ItemGrid over the [tile_n x chunks] grid of each source, a slot
 //     read and an address computation per copy.
-template <class Cfg, class Rows, bool kRaw, int kThreads, bool kAllowTokenMajor = true>
+template <class Cfg, class Rows, bool kRaw, int kThreads, bool kTokenMajorCopies>
 struct TileCopy {
-  using Raw = RawLayout<Cfg>;
+  static constexpr int kRawPitch = Cfg::kRawPitchBytes;
   template <int I>
   using DataGrid = ItemGrid<Cfg::kTileN, Cfg::kSources[I].data_bytes() / 16, kThreads>;
   template <int I>
-  using ScaleGrid = ItemGrid<Cfg::kTileN, Cfg::kSources[I].has_scale() ? Cfg::kSources[I].num_scales() : 1, kThreads>;
+  using ScaleGrid = ItemGrid<Cfg::kTileN, Cfg::kSources[I].has_scale() ? Cfg::kSources[I].scale_count : 1, kThreads>;
 
   static constexpr int kTPT = 8;  // token-major: threads per token
   static constexpr int kPasses = Cfg::kTileN * kTPT % kThreads == 0 ? Cfg::kTileN * kTPT / kThreads : 0;
-  __host__ __device__ static constexpr bool token_major() {
-    if (!kAllowTokenMajor || kPasses < 1) return false;
+  __host__ __device__ static constexpr bool token_major_legal() {
+    if (kPasses < 1) return false;
     for (int i = 0; i < Cfg::kNumSources; ++i)
       if (!kRaw && (Cfg::kSources[i].smem_col / 8) % kTPT != 0) return false;
     return true;
   }
-  static constexpr bool kTokenMajor = token_major();
+  static constexpr bool kTokenMajor = kTokenMajorCopies;  // the lowering's choice
+  static_assert(!kTokenMajor || token_major_legal(),
+                "token-major copies: tile_n * 8 a multiple of the copy threads, staged runs on 64-column boundaries");
   static constexpr int kCursorPointers = kTokenMajor ? kPasses * Cfg::kNumSources : 0;  // Cursor::row in use
   // Token-major: chunks of source i per thread and token.
   __host__ __device__ static constexpr int token_chunks(int i) { return ceil_div(Cfg::kSources[i].data_bytes() / 16, kTPT); }
@@ -187,7 +106,7 @@ struct TileCopy {
   }
   __host__ __device__ static constexpr int scale_items(int i) {
     if (!kRaw || !Cfg::kSources[i].has_scale()) return 0;
-    const int per_row = Cfg::kSources[i].num_scales();
+    const int per_row = Cfg::kSources[i].scale_count;
     return kThreads % per_row == 0 ? ceil_div(Cfg::kTileN, kThreads / per_row) : ceil_div(Cfg::kTileN * per_row, kThreads);
   }
   __host__ __device__ static constexpr int first_item(int i) {
@@ -245,7 +164,7 @@ struct TileCopy {
                 if (kPerRow % kTPT == 0 || p + j * kTPT < kPerRow) {
                   uint32_t d;
                   if constexpr (kRaw) {
-                    d = dst + tok * Raw::kPitchBytes + Raw::data_offset(kI) + (p + j * kTPT) * 16;
+                    d = dst + tok * kRawPitch + src.raw_offset + (p + j * kTPT) * 16;
                   } else {
                     d = LaneRow<Rows>(dst, tok, p).at(src.smem_col / 8 + j * kTPT);
                   }
@@ -257,7 +176,7 @@ struct TileCopy {
                   const int slot = cur.slots[tok];
                   uint32_t d;
                   if constexpr (kRaw) {
-                    d = dst + tok * Raw::kPitchBytes + Raw::data_offset(kI) + ch * 16;
+                    d = dst + tok * kRawPitch + src.raw_offset + ch * 16;
                   } else {
                     d = dst + Rows::chunk_offset(tok, src.smem_col / 8 + ch);
                   }
@@ -273,10 +192,10 @@ struct TileCopy {
               constexpr int item = kFirst + data_items(kI) + k;
               if constexpr (item >= lo && item < hi) {
                 const char* sbase = static_cast<const char*>(a.tensors[src.scale_tensor]) + src.scale_offset_bytes +
-                                    cur.head * src.scale_head_stride_bytes + src.first_group() * 4;
+                                    cur.head * src.scale_head_stride_bytes + src.scale_first_group * 4;
                 ScaleGrid<kI>::visit(k, tid, [&](int tok, int g) {
                   const int slot = cur.slots[tok];
-                  cp_async_4(dst + tok * Raw::kPitchBytes + Raw::scale_offset(kI) + g * 4,
+                  cp_async_4(dst + tok * kRawPitch + src.raw_scale_offset + g * 4,
                              sbase + max(slot, 0) * kScaleStride + g * 4, slot >= 0);
                 });
               }

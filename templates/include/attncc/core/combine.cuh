@@ -1,4 +1,4 @@
-// attncc/combine.cuh: merge the split-KV partials into out and lse.
+// attncc/core/combine.cuh: merge the split-KV partials into out and lse.
 //
 // Split s of a query row left O_s (already divided by its own l_s) and lse_s (natural log,
 // -inf when it saw no key). With L = log(sum_s exp(lse_s)),
@@ -14,9 +14,9 @@
 #pragma once
 
 #include "attncc/abi.h"
-#include "attncc/common.cuh"
-#include "attncc/decode.cuh"
-#include "attncc/schedule.cuh"
+#include "attncc/core/common.cuh"
+#include "attncc/core/schedule.cuh"
+#include "attncc/core/work.cuh"
 
 namespace attncc {
 

@@ -1,4 +1,4 @@
-// attncc/schedule.cuh: the balanced split-KV schedule ("parts"), as plain integer arithmetic
+// attncc/core/schedule.cuh: the balanced split-KV schedule ("parts"), as plain integer arithmetic
 // shared by the decode kernel, the combine kernel and a host-side test.
 //
 // Split mode gives every sequence the same number of splits: with more CTAs than the SMs hold,
@@ -37,7 +37,7 @@ struct Piece {
 };
 
 // The pieces of part p, in order. The first sequence of the part and its base come from a scan
-// of the tile counts (decode.cuh does it with a warp; first_seq_sequential below is the
+// of the tile counts (work.cuh does it with a warp; first_seq_sequential below is the
 // reference); then next(n) takes the tile count n of the current sequence.
 struct PartWalk {
   int part, parts, num_seqs;

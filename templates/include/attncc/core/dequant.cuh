@@ -1,4 +1,4 @@
-// attncc/dequant.cuh: raw record rows (raw mode) -> the 16-bit staged tile.
+// attncc/core/dequant.cuh: raw record rows (raw mode) -> the 16-bit staged tile.
 //
 // For an fp8 run, staged value = elem(float(fp8) * scale), the scale being the fp32 of the
 // value's group; for a 16-bit run, a plain copy. One pass per KV tile by all threads; each
@@ -6,8 +6,9 @@
 // the staged tile. Zero-filled raw rows (masked tokens) convert to zeros.
 #pragma once
 
-#include "attncc/common.cuh"
-#include "attncc/load.cuh"
+#include "attncc/core/common.cuh"
+#include "attncc/core/copy.cuh"
+#include "attncc/core/ptx.cuh"
 
 namespace attncc {
 
@@ -37,33 +38,17 @@ __device__ __forceinline__ void dequant16(const uint4& in, float scale, uint4& l
   hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-}
-
-__device__ __forceinline__ float lds32f(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
-  return v;
-}
-
-// Convert the raw rows at `raw` (RawLayout<Cfg>) of one KV tile into the staged tile at `tile`
+// Convert the raw rows at `raw` (Cfg::kRawPitchBytes apart, copy.cuh) of one KV tile into the staged tile at `tile`
 // (layout Rows). Caller synchronises before (raw rows landed) and after (tile complete).
 template <class Cfg, class Rows, int kThreads>
 __device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t tile, int tid) {
-  using Raw = RawLayout<Cfg>;
+  constexpr int kRawPitch = Cfg::kRawPitchBytes;
   static_for<Cfg::kNumSources>([&](auto si) {
     constexpr int kI = decltype(si)::value;
     constexpr Source src = Cfg::kSources[kI];
     if constexpr (!is_fp8(src.dtype)) {
       for_each_item<Cfg::kTileN, src.data_bytes() / 16, kThreads>(tid, [&](int tok, int ch) {
-        const uint4 v = lds128(raw + tok * Raw::kPitchBytes + Raw::data_offset(kI) + ch * 16);
+        const uint4 v = lds128(raw + tok * kRawPitch + src.raw_offset + ch * 16);
         sts128(tile + Rows::chunk_offset(tok, src.smem_col / 8 + ch), v);
       });
     } else {
@@ -71,10 +56,10 @@ __device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t tile, int ti
                     "fp8 runs start on, and scale groups span, multiples of 16 values");
       // one unit = 16 fp8 values
       for_each_item<Cfg::kTileN, src.width / 16, kThreads>(tid, [&](int tok, int ch) {
-        const uint32_t row = raw + tok * Raw::kPitchBytes;
-        const int group = (src.seg_lo + ch * 16) / src.scale_group - src.first_group();
-        const float scale = lds32f(row + Raw::scale_offset(kI) + group * 4);
-        const uint4 v = lds128(row + Raw::data_offset(kI) + ch * 16);
+        const uint32_t row = raw + tok * kRawPitch;
+        const int group = (src.seg_lo + ch * 16) / src.scale_group - src.scale_first_group;
+        const float scale = lds32f(row + src.raw_scale_offset + group * 4);
+        const uint4 v = lds128(row + src.raw_offset + ch * 16);
         uint4 lo, hi;
         dequant16<src.dtype, Cfg::kElem>(v, scale, lo, hi);
         sts128(tile + Rows::chunk_offset(tok, src.smem_col / 8 + 2 * ch), lo);

@@ -1,0 +1,97 @@
+"""The host's side of templates/include/attncc/abi.h: the ctypes mirror of AttnccArgs and
+the loader of a built library, which refuses a library built for another ABI.
+
+abi.h is the one definition of the ABI version and the cache-tensor limit: both are read
+from it here. The struct's fields are mirrored by hand; the loader compares its size with
+the library's sizeof(AttnccArgs), and a CPU test compares every field's offset with a C
+compiler's."""
+from __future__ import annotations
+
+import ctypes
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from .resources import TEMPLATES_DIR
+
+HEADER = TEMPLATES_DIR / "include" / "attncc" / "abi.h"
+
+
+@lru_cache(maxsize=None)
+def header_define(name: str) -> int:
+    """An integer `#define` of abi.h."""
+    found = re.search(rf"^#define {name} (\d+)\s*$", HEADER.read_text(), re.M)
+    if found is None:
+        raise RuntimeError(f"{HEADER} defines no {name}")
+    return int(found.group(1))
+
+
+ABI_VERSION = header_define("ATTNCC_ABI_VERSION")
+MAX_TENSORS = header_define("ATTNCC_MAX_TENSORS")
+
+
+class AttnccArgs(ctypes.Structure):
+    """Mirror of abi.h's AttnccArgs, field for field."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+        ("tensors", ctypes.c_void_p * MAX_TENSORS),
+        ("block_table", ctypes.c_void_p), ("block_table_stride", ctypes.c_int),
+        ("seqlens", ctypes.c_void_p), ("indices", ctypes.c_void_p),
+        ("partial_out", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p),
+        ("batch", ctypes.c_int), ("s_q", ctypes.c_int), ("num_splits", ctypes.c_int),
+        ("num_parts", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
+    ]
+
+
+class AbiMismatch(RuntimeError):
+    """A library built for another ABI than this attncc's."""
+
+
+class Library:
+    """A loaded kernel library (C ABI): attncc_launch(const AttnccArgs*) -> cudaError_t."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.dll = ctypes.CDLL(str(self.path))
+        check_abi(self.dll, self.path)
+        self.dll.attncc_launch.argtypes = [ctypes.POINTER(AttnccArgs)]
+        self.dll.attncc_launch.restype = ctypes.c_int
+        self._ctas_per_sm = None
+
+    def ctas_per_sm(self) -> int:
+        """Decode CTAs one SM holds at once (the occupancy API, asked once)."""
+        if self._ctas_per_sm is None:
+            self._ctas_per_sm = max(1, self.dll.attncc_ctas_per_sm())
+        return self._ctas_per_sm
+
+    def launch(self, args: AttnccArgs) -> None:
+        status = self.dll.attncc_launch(ctypes.byref(args))
+        if status != 0:
+            raise RuntimeError(f"attncc kernel launch failed: CUDA error {status} "
+                               f"({cuda_error_name(status)}) in {self.path}")
+
+
+def check_abi(dll, path) -> None:
+    """Refuse a library whose ABI version or AttnccArgs size is not this attncc's."""
+    try:
+        version, size = dll.attncc_abi_version(), dll.attncc_args_size()
+    except AttributeError:
+        raise AbiMismatch(f"{path} exports no attncc_abi_version: it was built by an attncc "
+                          f"older than ABI version {ABI_VERSION}; delete it (or its cache "
+                          "entry) and build again") from None
+    if version != ABI_VERSION or size != ctypes.sizeof(AttnccArgs):
+        raise AbiMismatch(f"{path} was built for attncc ABI version {version} (AttnccArgs of "
+                          f"{size} bytes); this attncc speaks version {ABI_VERSION} "
+                          f"({ctypes.sizeof(AttnccArgs)} bytes): rebuild the library")
+
+
+def cuda_error_name(status: int) -> str:
+    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+        try:
+            runtime = ctypes.CDLL(name)
+        except OSError:
+            continue
+        runtime.cudaGetErrorString.restype = ctypes.c_char_p
+        return runtime.cudaGetErrorString(status).decode()
+    return "unknown"

@@ -1,0 +1,72 @@
+"""What a kernel family is: a Python class that declares what it can run (targets, knobs it
+honours, limits) and lowers a checked spec to a frozen, hashed KernelConfig that holds every
+choice its kernel makes. The C++ of a family reads those choices as named constexprs and only
+static_asserts them; nothing is re-derived on the device side."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+from ..errors import Span
+from ..ir import Spec
+from ..layout import Layout
+from ..target import Target
+
+# Knobs every family honours: the target picks the families, and split_kv is the host's
+# split policy (attncc/split.py), which every family's kernels run.
+COMMON_KNOBS = frozenset({"target", "split_kv"})
+
+
+class Refusal(Exception):
+    """Why a family cannot run a spec. `knob`: the schedule knob (as written) that it cannot
+    honour, where the family would take the spec without it; `span`: where to point."""
+
+    def __init__(self, reason: str, span: Span | None = None, knob: str | None = None):
+        super().__init__(reason)
+        self.reason, self.span, self.knob = reason, span, knob
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelConfig:
+    """The choices every family makes; a family's config adds its own fields. `why` says,
+    per field, why it has its value (for `explain`): not part of the identity."""
+
+    tile_m: int          # query rows of a CTA (a row block)
+    tile_n: int          # tokens of a KV tile
+    stages: int          # KV tiles in flight
+    threads: int         # per CTA
+    smem_bytes: int      # dynamic shared memory of the decode kernel
+    registers: int       # register budget per thread (the launch bounds give it)
+    compute_bound: bool  # the tensor pipe, not the cache stream, bounds a KV step
+    why: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    def choices(self) -> dict:
+        """Every choice, by name (the canonical form: rendered, hashed, explained)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "why"}
+
+    def reason(self, name: str) -> str:
+        return dict(self.why).get(name, "")
+
+
+class Family:
+    """A kernel family. Subclasses set the class attributes and implement lower()."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    targets: ClassVar[tuple[str, ...]]
+    honours: ClassVar[frozenset[str]]    # schedule knobs it applies (besides COMMON_KNOBS)
+    tolerates: ClassVar[frozenset[str]]  # knobs it runs without applying them (with a note)
+    template: ClassVar[str]              # its translation unit, under templates/
+    limits: ClassVar[tuple[str, ...]]    # what it cannot run, in words (for explain)
+
+    def lower(self, spec: Spec, layout: Layout, target: Target) -> KernelConfig:
+        """The family's config for this spec, or Refusal."""
+        raise NotImplementedError
+
+    def describe(self, config: KernelConfig) -> list[str]:
+        """Lines for `explain`: every choice of the config and why."""
+        lines = []
+        for name, value in config.choices().items():
+            why = config.reason(name)
+            lines.append(f"    {name:<22} {value!s:<10}{'  ' + why if why else ''}")
+        return lines

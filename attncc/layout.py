@@ -1,0 +1,150 @@
+"""The record layout as kernels read it, from the checked IR alone (no kernel family's
+choices): which cache tensors there are, which runs of which segments a kernel stages (each
+cache element once, in record order, into one 16-bit row per token), where the key and the
+value sit in that row, and the raw row an fp8 record is copied into before dequantization."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import storage
+from .ir import DTYPES, SCALE_BYTES, Spec
+
+CHUNK_BYTES = 16  # every copy of the cache moves 16-byte chunks (cp.async, TMA, 128-bit loads)
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    token_stride_bytes: int
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    tensor: int
+    offset_bytes: int
+    head_stride_bytes: int
+    group: int
+    first_group: int   # the segment's scale group of the run's first value
+    count: int         # scales covering the run
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """A run [seg_lo, seg_lo + width) of one segment, staged into shared memory at column
+    smem_col as 16-bit values (fp8 dequantized with its group's scale). In a raw row (fp8
+    records) its bytes sit at raw_offset and its scales at raw_scale_offset."""
+
+    segment: str
+    tensor: int
+    offset_bytes: int
+    head_stride_bytes: int
+    width: int
+    dtype: str
+    seg_lo: int
+    scale: ScalePlan | None
+    smem_col: int
+    raw_offset: int
+    raw_scale_offset: int
+
+    @property
+    def data_bytes(self) -> int:
+        return self.width * DTYPES[self.dtype].bytes
+
+
+@dataclass(frozen=True)
+class Layout:
+    tensors: tuple[TensorPlan, ...]
+    sources: tuple[SourcePlan, ...]
+    staged_width: int                       # 16-bit columns of a staged token row
+    key_runs: tuple[tuple[int, int], ...]   # (staged column, width), adjacent runs merged
+    value_runs: tuple[tuple[int, int], ...]
+    raw_pitch: int  # bytes of one token's raw row: each run then its scales, 16-byte padded
+    fp8: bool       # some run is fp8: kernels stage the record raw, then dequantize
+
+
+def pad16(n: int) -> int:
+    return -(-n // CHUNK_BYTES) * CHUNK_BYTES
+
+
+def _used_intervals(spec: Spec) -> dict[str, list[list[int]]]:
+    """Per segment, the merged ranges the key or the value reads (each loaded once)."""
+    ranges: dict[str, list[list[int]]] = {}
+    for piece in spec.key + spec.value:
+        ranges.setdefault(piece.segment, []).append([piece.lo, piece.hi])
+    merged = {}
+    for name, spans in ranges.items():
+        spans.sort()
+        out = [spans[0][:]]
+        for lo, hi in spans[1:]:
+            if lo <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], hi)
+            else:
+                out.append([lo, hi])
+        merged[name] = out
+    return merged
+
+
+def _token_bytes(shape, dtype) -> int:
+    n = 1
+    for s in shape[2:]:
+        n *= s
+    return n * dtype.itemsize
+
+
+def _tensors(spec: Spec) -> tuple[TensorPlan, ...]:
+    layouts = storage.tensor_layouts(spec, 1)
+    return tuple(TensorPlan(name, _token_bytes(shape, dtype)) for name, (shape, dtype) in layouts.items())
+
+
+def _sources(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[SourcePlan, ...]:
+    index = {t.name: i for i, t in enumerate(tensors)}
+    used = _used_intervals(spec)
+    sources, col, raw = [], 0, 0
+    for seg in spec.segments:  # record order: reads walk the record forward
+        for lo, hi in used.get(seg.name, []):
+            elt = seg.dtype.bytes
+            scale = None
+            if seg.scale_group:
+                first = lo // seg.scale_group
+                count = (hi - 1) // seg.scale_group - first + 1
+            if spec.separate:
+                tensor, base, head = index[seg.name], lo * elt, 0 if seg.shared else seg.values_bytes
+                if seg.scale_group:
+                    scale = ScalePlan(index[storage.scale_name(seg)], 0,
+                                      0 if seg.shared else seg.scales_per_copy * SCALE_BYTES,
+                                      seg.scale_group, first, count)
+            else:
+                tensor, base, head = 0, seg.offset + lo * elt, seg.head_stride
+                if seg.scale_group:
+                    scale = ScalePlan(0, seg.offset + seg.values_bytes, seg.head_stride,
+                                      seg.scale_group, first, count)
+            data = pad16((hi - lo) * elt)
+            sources.append(SourcePlan(seg.name, tensor, base, head, hi - lo, seg.dtype.name, lo,
+                                      scale, col, raw, raw + data))
+            col += hi - lo
+            raw += data + (pad16(scale.count * SCALE_BYTES) if scale else 0)
+    return tuple(sources)
+
+
+def _runs(pieces, sources) -> tuple[tuple[int, int], ...]:
+    """Key or value as runs of staged columns; adjacent runs merged."""
+    runs: list[list[int]] = []
+    for piece in pieces:
+        src = next(s for s in sources if s.segment == piece.segment
+                   and s.seg_lo <= piece.lo and piece.hi <= s.seg_lo + s.width)
+        col = src.smem_col + piece.lo - src.seg_lo
+        if runs and runs[-1][0] + runs[-1][1] == col:
+            runs[-1][1] += piece.width
+        else:
+            runs.append([col, piece.width])
+    return tuple((c, w) for c, w in runs)
+
+
+def layout(spec: Spec) -> Layout:
+    tensors = _tensors(spec)
+    sources = _sources(spec, tensors)
+    last = sources[-1]
+    raw_pitch = last.raw_scale_offset + (pad16(last.scale.count * SCALE_BYTES) if last.scale else 0)
+    return Layout(tensors=tensors, sources=sources, staged_width=sum(s.width for s in sources),
+                  key_runs=_runs(spec.key, sources), value_runs=_runs(spec.value, sources),
+                  raw_pitch=raw_pitch, fp8=any(DTYPES[s.dtype].is_fp8 for s in sources))

@@ -1,0 +1,96 @@
+"""The host's split-KV policy: how one call's KV tiles are spread over CTAs, for any kernel
+family (a family's plan gives tile_m, tile_n and compute_bound), and the metadata of
+`k.plan(seqlens)`. Two modes (templates/include/attncc/core/schedule.cuh):
+  split mode  every sequence cut into num_splits equal tile ranges (memory-bound plans);
+  part mode   all sequences' tiles laid end to end and cut into num_parts equal parts, one
+              per SM's worth of CTAs (split_kv auto on a compute-bound plan).
+Either leaves partials that the combine kernel merges; workspace_shapes is the one statement
+of their shapes on the host."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (prologue, combine) dominates
+
+
+@dataclass(frozen=True)
+class DecodeMetadata:
+    num_splits: int
+    longest: int
+
+
+def balanced(plan) -> bool:
+    """split_kv auto on a compute-bound plan: cut the tiles of all sequences into equal
+    parts rather than each sequence into equal splits. Memory-bound plans keep splits: they
+    run several CTAs per SM, which already evens out the waves."""
+    return plan.split_kv == "auto" and plan.config.compute_bound
+
+
+def lanes(plan, s_q: int) -> int:
+    """CTAs that read the same KV tiles: row blocks x kv heads (the kernels' CtaWork::lanes)."""
+    rows = plan.group * (1 if plan.sparse else s_q)
+    return plan.heads_kv * math.ceil(rows / plan.config.tile_m)
+
+
+def ctas_per_split(plan, s_q: int) -> int:
+    """Decode CTAs per (batch entry, split) in split mode: sparse queries are sequences."""
+    return lanes(plan, s_q) * (s_q if plan.sparse else 1)
+
+
+def num_parts(plan, s_q: int, sms: int, ctas_per_sm: int) -> int:
+    """Parts of a balanced launch: as many as fill the SMs once, lanes CTAs each."""
+    return max(1, sms * max(ctas_per_sm, 1) // lanes(plan, s_q))
+
+
+def num_splits(plan, batch: int, s_q: int, kv_tokens: int, sms: int) -> int:
+    """Split-KV count: enough CTAs to fill the SMs when batch x heads x row tiles does
+    not, never so many that a split holds fewer than MIN_TOKENS_PER_SPLIT tokens."""
+    if plan.split_kv == "off":
+        return 1
+    tile_n = plan.config.tile_n
+    tiles = max(1, math.ceil(kv_tokens / tile_n))
+    if isinstance(plan.split_kv, int):
+        return max(1, min(plan.split_kv, tiles))
+    units = batch * (s_q if plan.sparse else 1) * lanes(plan, s_q)
+    most = max(1, kv_tokens // max(tile_n, MIN_TOKENS_PER_SPLIT))
+    return max(1, min(most, math.ceil(sms / max(units, 1))))
+
+
+def launch_schedule(plan, batch: int, s_q: int, kv_tokens: int, requested: int, sms: int,
+                    ctas_per_sm: int) -> tuple[int, int]:
+    """(num_splits, num_parts) of a launch from shapes alone (no host sync, CUDA-graph safe).
+    requested: the op's num_splits argument, 0 (choose), n >= 1 (n splits per sequence) or
+    -p (p balanced parts)."""
+    if requested < 0:
+        return 1, -requested
+    if requested > 0:
+        return requested, 0
+    if balanced(plan):
+        return 1, num_parts(plan, s_q, sms, ctas_per_sm)
+    return num_splits(plan, batch, s_q, kv_tokens, sms), 0
+
+
+def metadata(plan, seqlens, s_q: int, sms: int) -> DecodeMetadata:
+    """`k.plan(seqlens)`: the split count from the longest sequence actually present instead
+    of the block table's capacity. Reads seqlens once (a host sync). Balanced plans need no
+    lengths on the host: their count stays 0 (chosen at launch)."""
+    lengths = [int(x) for x in (seqlens.tolist() if hasattr(seqlens, "tolist") else seqlens)]
+    longest = plan.topk if plan.sparse else max(lengths + [0])
+    if balanced(plan):
+        return DecodeMetadata(0, longest)
+    return DecodeMetadata(num_splits(plan, len(lengths), s_q, longest, sms), longest)
+
+
+def workspace_shapes(plan, batch: int, s_q: int, splits: int, parts: int):
+    """(partial_out, partial_lse) shapes of a launch (abi.h), or None when it needs none.
+    Part mode: only a part's first and last pieces can be partial, so 2 slots per part."""
+    if not (splits > 1 or parts):
+        return None
+    slots, slot_batch = (2 * parts, 1) if parts else (splits, batch)
+    return ((slots, slot_batch, s_q, plan.heads_q, plan.d_v), (slots, slot_batch, s_q, plan.heads_q))
+
+
+def workspace_bytes(plan, batch: int, s_q: int, splits: int, parts: int) -> int:
+    shapes = workspace_shapes(plan, batch, s_q, splits, parts)
+    return 0 if shapes is None else 4 * sum(math.prod(s) for s in shapes)

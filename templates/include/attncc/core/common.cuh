@@ -1,0 +1,127 @@
+// attncc/core/common.cuh: vocabulary shared by every device header of every family.
+//
+//   Dtype, Source, Run   the plan's description of a cached token record, as constexpr data
+//   static_for           a compile-time loop, so that per-source and per-k-step constants fold
+//   Elem16<Dtype>        the 16-bit element type of q, out and the staged tile (bf16 or fp16)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace attncc {
+
+// ------------------------------------------------------------------------------------------
+// Plan vocabulary (attncc/layout.py computes every field)
+
+enum class Dtype : int { kBF16 = 0, kFP16 = 1, kE4M3 = 2, kE5M2 = 3 };
+
+__host__ __device__ constexpr bool is_fp8(Dtype d) { return d == Dtype::kE4M3 || d == Dtype::kE5M2; }
+__host__ __device__ constexpr int dtype_bytes(Dtype d) { return is_fp8(d) ? 1 : 2; }
+
+// One run of the token record that is staged into shared memory (the plan's "sources").
+// Element e of the run, for kv head j and token slot s, lives at
+//   tensors[tensor] + s * token_stride[tensor] + offset_bytes + j * head_stride_bytes + e * bytes(dtype)
+// and lands in staged column smem_col + e. In a raw row (fp8 records are copied raw, then
+// dequantized) its bytes sit at raw_offset and its scales at raw_scale_offset. An fp8 run
+// carries scale_count fp32 scales, one per `scale_group` elements of its segment, from group
+// scale_first_group on, at
+//   tensors[scale_tensor] + s * token_stride[scale_tensor] + scale_offset_bytes
+//     + j * scale_head_stride_bytes + ((seg_lo + e) / scale_group) * 4.
+struct Source {
+  int tensor;
+  int offset_bytes;
+  int head_stride_bytes;
+  int width;
+  Dtype dtype;
+  int seg_lo;
+  int smem_col;
+  int raw_offset;
+  int raw_scale_offset;
+  int scale_tensor;             // -1 when the run has no scale (16-bit runs)
+  int scale_offset_bytes;
+  int scale_head_stride_bytes;
+  int scale_group;
+  int scale_first_group;
+  int scale_count;
+
+  __host__ __device__ constexpr int data_bytes() const { return width * dtype_bytes(dtype); }
+  __host__ __device__ constexpr bool has_scale() const { return scale_tensor >= 0; }
+};
+
+// A run of staged columns [col, col + width) that is part of the key or the value.
+struct Run {
+  int col;
+  int width;
+};
+
+// Staged column of logical column `c` of a concatenation of runs (c inside the concatenation).
+// Callers use it on multiples of 8: runs are multiples of 8 wide, so 8 consecutive logical
+// columns are 8 consecutive staged columns.
+template <int kNumRuns>
+__host__ __device__ constexpr int run_to_staged(const Run (&runs)[kNumRuns], int c) {
+  int base = 0;
+  for (int r = 0; r < kNumRuns; ++r) {
+    if (c < base + runs[r].width) return runs[r].col + (c - base);
+    base += runs[r].width;
+  }
+  return -1;
+}
+
+template <int kNumRuns>
+__host__ __device__ constexpr int runs_width(const Run (&runs)[kNumRuns]) {
+  int w = 0;
+  for (int r = 0; r < kNumRuns; ++r) w += runs[r].width;
+  return w;
+}
+
+// ------------------------------------------------------------------------------------------
+// Compile-time loops: f(Index<0>{}), ..., f(Index<N-1>{}); inside, decltype(i)::value is a
+// constant expression.
+
+template <int I>
+struct Index {
+  static constexpr int value = I;
+};
+
+template <int N, int I = 0, class F>
+__host__ __device__ __forceinline__ void static_for(F&& f) {
+  if constexpr (I < N) {
+    f(Index<I>{});
+    static_for<N, I + 1>(f);
+  }
+}
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// ------------------------------------------------------------------------------------------
+// 16-bit element types
+
+template <Dtype D>
+struct Elem16;
+
+template <>
+struct Elem16<Dtype::kBF16> {
+  using T = __nv_bfloat16;
+  using T2 = __nv_bfloat162;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ T from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+template <>
+struct Elem16<Dtype::kFP16> {
+  using T = __half;
+  using T2 = __half2;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ T from_float(float x) { return __float2half_rn(x); }
+};
+
+}  // namespace attncc

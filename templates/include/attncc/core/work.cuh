@@ -1,0 +1,186 @@
+// attncc/core/work.cuh: what one CTA of any family works on, and the part walk.
+//
+// The rows of a CTA are query rows that read the same kv head j: row R packs (query token t,
+// query head in the group hh) as R = t * group + hh (FlashMLA's packing; sparse: each query
+// token is its own sequence and R = hh). A CTA takes tile_m consecutive rows of one kv head
+// (its lane: row block x kv head), for one sequence and a range of its KV tiles. The range is
+// one of num_splits equal splits of the sequence (split mode), or each piece in turn of a
+// balanced part of all sequences' tiles (part mode, schedule.cuh: the CTA walks the sequences
+// its part crosses). attncc/split.py is the host's side of the same arithmetic.
+#pragma once
+
+#include "attncc/abi.h"
+#include "attncc/core/common.cuh"
+#include "attncc/core/schedule.cuh"
+
+namespace attncc {
+
+// ------------------------------------------------------------------------------------------
+// What a CTA works on: rows of one kv head, one sequence, a range of its KV tiles, and where
+// the result goes. Lane (row block fastest, then kv head) and sequence (dense: b; sparse:
+// b * s_q + t) come from the block index: split mode, block = lane + lanes (split + splits seq);
+// part mode (schedule.cuh), block = lane + lanes part, and the part's walk names the pieces.
+template <class Cfg>
+struct CtaWork {
+  int mb, head, seq, b, t_fixed, rows_total;
+  int tile_begin, tile_end;  // the sequence's tiles this CTA reads (before the causal cut)
+  int slot;                  // -1: write out and lse; else the partial slot (split or part slot)
+
+  // CTAs that read the same KV tiles: row blocks x kv heads.
+  __host__ __device__ __forceinline__ static int lanes(int s_q) {
+    const int rows = Cfg::kSparse ? Cfg::kGroup : s_q * Cfg::kGroup;
+    return ceil_div(rows, Cfg::kTileM) * Cfg::kHeadsKV;
+  }
+  __host__ __device__ __forceinline__ static int num_seqs(const AttnccArgs& a) { return Cfg::kSparse ? a.batch * a.s_q : a.batch; }
+  // Query rows of one sequence, contiguous in [b, s_q, h_q]: dense s_q h_q, sparse h_q.
+  __host__ __device__ __forceinline__ static int seq_rows(int s_q) { return Cfg::kSparse ? Cfg::kHeadsQ : s_q * Cfg::kHeadsQ; }
+  __device__ __forceinline__ static int seq_tiles(const AttnccArgs& a, int seq) {
+    constexpr int N = Cfg::kTileN;
+    return ceil_div(Cfg::kSparse ? Cfg::kTopK : __ldg(a.seqlens + seq), N);
+  }
+
+  __device__ __forceinline__ static CtaWork make(const AttnccArgs& a, int lane, int seq) {
+    CtaWork w;
+    w.rows_total = Cfg::kSparse ? Cfg::kGroup : a.s_q * Cfg::kGroup;
+    const int n_mblocks = ceil_div(w.rows_total, Cfg::kTileM);
+    w.mb = lane % n_mblocks;
+    w.head = lane / n_mblocks;
+    w.seq = seq;
+    w.b = Cfg::kSparse ? seq / a.s_q : seq;
+    w.t_fixed = Cfg::kSparse ? seq % a.s_q : 0;
+    return w;
+  }
+  // Split mode: split `split` of `num_splits` equal tile ranges of the sequence.
+  __device__ __forceinline__ static CtaWork of_split(const AttnccArgs& a, int ctaid) {
+    const int n_lanes = lanes(a.s_q);
+    const int split = (ctaid / n_lanes) % a.num_splits;
+    CtaWork w = make(a, ctaid % n_lanes, ctaid / n_lanes / a.num_splits);
+    const int n_tiles = seq_tiles(a, w.seq);
+    const int per_split = ceil_div(n_tiles, a.num_splits);
+    w.tile_begin = split * per_split;
+    w.tile_end = min(w.tile_begin + per_split, n_tiles);
+    w.slot = a.num_splits == 1 ? -1 : split;
+    return w;
+  }
+  // Part mode: one piece of the part's walk.
+  __device__ __forceinline__ static CtaWork of_piece(const AttnccArgs& a, int lane, const Piece& pc) {
+    CtaWork w = make(a, lane, pc.seq);
+    w.tile_begin = pc.tile_begin;
+    w.tile_end = pc.tile_end;
+    w.slot = pc.slot;
+    return w;
+  }
+  // Row of the partial workspace: split mode [split, b, s_q, h_q], part mode [slot, s_q, h_q].
+  __device__ __forceinline__ long long partial_row(const AttnccArgs& a, int t, int hq) const {
+    const long long slot_row = a.num_parts > 0 ? slot : static_cast<long long>(slot) * a.batch + b;
+    return (slot_row * a.s_q + t) * Cfg::kHeadsQ + hq;
+  }
+  // Query token and query head (within the group) of CTA row R.
+  __device__ __forceinline__ int row_token(int R) const { return Cfg::kSparse ? t_fixed : R / Cfg::kGroup; }
+  __device__ __forceinline__ int row_head(int R) const { return Cfg::kSparse ? R : R % Cfg::kGroup; }
+  // Query token t sees cache positions < token_limit (bottom-right aligned causal mask).
+  __device__ __forceinline__ static int token_limit(int t, int kv_len, int s_q) {
+    if constexpr (Cfg::kCausal) {
+      return min(max(kv_len - s_q + t + 1, 0), kv_len);
+    } else {
+      return kv_len;
+    }
+  }
+};
+
+// The tiles of all sequences and of the sequences before `seq`, summed by one warp, 32
+// sequences at a time: where sequence `seq` starts on the line of schedule.cuh.
+struct TilePrefix {
+  long long total, before;
+};
+template <class Cfg>
+__device__ __forceinline__ TilePrefix tiles_before(const AttnccArgs& a, int seq, int lane) {
+  using W = CtaWork<Cfg>;
+  const int num_seqs = W::num_seqs(a);
+  long long all = 0, before = 0;
+  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
+    const int s = s0 + lane;
+    int n = s < num_seqs ? W::seq_tiles(a, s) : 0, b = s < seq ? n : 0;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      n += __shfl_xor_sync(0xffffffffu, n, d);
+      b += __shfl_xor_sync(0xffffffffu, b, d);
+    }
+    all += n;
+    before += b;
+  }
+  return {all, before};
+}
+
+// The start of part `part`'s walk, by warp 0 of the CTA: the total tile count and the first
+// sequence with a piece in the part (schedule.cuh's first_seq_sequential, 32 sequences at a
+// time with warp scans).
+template <class Cfg>
+__device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane) {
+  using W = CtaWork<Cfg>;
+  const int num_seqs = W::num_seqs(a);
+  const long long total = tiles_before<Cfg>(a, 0, lane).total;
+  const long long begin = part_begin(part, total, a.num_parts);
+  long long base = 0;
+  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
+    const int n = s0 + lane < num_seqs ? W::seq_tiles(a, s0 + lane) : 0;
+    int incl = n;  // inclusive prefix within these 32 sequences
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += x;
+    }
+    const int excl = incl - n;
+    const bool hit = s0 + lane < num_seqs && (base + excl >= begin || base + incl > begin);
+    const unsigned found = __ballot_sync(0xffffffffu, hit);
+    if (found) {
+      const int l = __ffs(found) - 1;
+      return PartWalk::start(part, a.num_parts, num_seqs, total, s0 + l, base + __shfl_sync(0xffffffffu, excl, l));
+    }
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return PartWalk::start(part, a.num_parts, num_seqs, total, num_seqs, total);
+}
+
+
+// Values through shared memory, field by field (no address of a local is taken, so nothing goes
+// to the stack). Read back with volatile loads, so that they need not stay in registers
+// through the main loop.
+template <class... Ints>
+__device__ __forceinline__ void stash_ints(unsigned char* dst, Ints... v) {
+  int i = 0;
+  ((reinterpret_cast<volatile int*>(dst)[i++] = v), ...);
+}
+__device__ __forceinline__ int unstash_int(const unsigned char* src, int i) {
+  return reinterpret_cast<const volatile int*>(src)[i];
+}
+template <class Cfg>
+__device__ __forceinline__ void stash(unsigned char* dst, const CtaWork<Cfg>& w) {
+  stash_ints(dst, w.mb, w.head, w.seq, w.b, w.t_fixed, w.rows_total, w.tile_begin, w.tile_end, w.slot);
+}
+template <class Cfg>
+__device__ __forceinline__ CtaWork<Cfg> unstash_work(const unsigned char* src) {
+  CtaWork<Cfg> w;
+  w.mb = unstash_int(src, 0), w.head = unstash_int(src, 1), w.seq = unstash_int(src, 2);
+  w.b = unstash_int(src, 3), w.t_fixed = unstash_int(src, 4), w.rows_total = unstash_int(src, 5);
+  w.tile_begin = unstash_int(src, 6), w.tile_end = unstash_int(src, 7), w.slot = unstash_int(src, 8);
+  return w;
+}
+// The part walk: 64-bit positions as two words each.
+__device__ __forceinline__ void stash(unsigned char* dst, const PartWalk& p) {
+  auto lo = [](long long x) { return static_cast<int>(x & 0xffffffffLL); };
+  auto hi = [](long long x) { return static_cast<int>(x >> 32); };
+  stash_ints(dst, p.part, p.parts, p.num_seqs, p.seq, lo(p.total), hi(p.total), lo(p.begin), hi(p.begin),
+             lo(p.end), hi(p.end), lo(p.base), hi(p.base));
+}
+__device__ __forceinline__ PartWalk unstash_walk(const unsigned char* src) {
+  auto pair = [&](int i) {
+    return static_cast<long long>(static_cast<unsigned>(unstash_int(src, i))) | (static_cast<long long>(unstash_int(src, i + 1)) << 32);
+  };
+  PartWalk p;
+  p.part = unstash_int(src, 0), p.parts = unstash_int(src, 1), p.num_seqs = unstash_int(src, 2), p.seq = unstash_int(src, 3);
+  p.total = pair(4), p.begin = pair(6), p.end = pair(8), p.base = pair(10);
+  return p;
+}
+
+}  // namespace attncc
