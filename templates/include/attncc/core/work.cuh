@@ -70,6 +70,15 @@ struct CtaWork {
     w.slot = pc.slot;
     return w;
   }
+  // Where the result of query token t, query head hq goes: slot < 0 (the CTA holds the whole
+  // sequence's range) writes out [b, s_q, h_q, d_v] row out_row and lse [b, h_q, s_q] entry
+  // lse_index; otherwise the partials' row partial_row (abi.h's workspace), for the combine.
+  __device__ __forceinline__ long long out_row(int s_q, int t, int hq) const {
+    return (static_cast<long long>(b) * s_q + t) * Cfg::kHeadsQ + hq;
+  }
+  __device__ __forceinline__ long long lse_index(int s_q, int t, int hq) const {
+    return (static_cast<long long>(b) * Cfg::kHeadsQ + hq) * s_q + t;
+  }
   // Row of the partial workspace: split mode [split, b, s_q, h_q], part mode [slot, s_q, h_q].
   __device__ __forceinline__ long long partial_row(const AttnccArgs& a, int t, int hq) const {
     const long long slot_row = a.num_parts > 0 ? slot : static_cast<long long>(slot) * a.batch + b;

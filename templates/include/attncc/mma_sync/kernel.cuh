@@ -117,7 +117,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
                         : args.block_table + static_cast<long long>(w.b) * args.block_table_stride;
   ss.limit = cta_limit;
 
-  // ---- prologue: slots of the first S tiles, Q, the first S-1 tiles
+  // ---- prologue: the slots of the first S tiles, Q, the first S-1 tiles, the row state
   SlotPrefetch<Cfg> pf;
 #pragma unroll
   for (int i = 0; i < S; ++i) {
@@ -171,7 +171,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
   // smallest query token): tiles below it skip the mask.
   const int full_limit = w.token_limit(w.row_token(w.mb * M), kv_len, s_q);
 
-  // ---- main loop over the split's KV tiles
+  // ---- step: one KV tile per iteration, over the range's tiles
   for (int it = 0; it < n_iter; ++it) {
     const int nx = it + S - 1;  // the tile copied in this step, into the stage step it - 1 used
     const bool copy_next = nx < n_iter;
@@ -291,7 +291,8 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: total l across the row group, normalise, write
+  // ---- epilogue: total l across the row group, normalise, write out/lse or the partials (the
+  // rows and slots of core/work.cuh)
   float l[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -315,14 +316,14 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
       const int hq = we.head * Cfg::kGroup + we.row_head(R);
       const float inv = l[mt][h] > 0.f ? 1.f / l[mt][h] : 0.f;
       const float lse = row_lse(sm.m[mt][h], l[mt][h]);
-      const long long qrow = (static_cast<long long>(we.b) * s_q + t) * Cfg::kHeadsQ + hq;
+      const long long qrow = we.out_row(s_q, t, hq);
       const int c0 = wn * T::kColsPerWarp + 2 * (lane & 3);
       if (direct) {
         auto* out = static_cast<typename T::E::T*>(args.out) + qrow * Cfg::kDV;
 #pragma unroll
         for (int n = 0; n < T::kNTO; ++n)
           *reinterpret_cast<uint32_t*>(out + c0 + n * 8) = T::E::pack(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
-        if (wn == 0 && (lane & 3) == 0) args.lse[(static_cast<long long>(we.b) * Cfg::kHeadsQ + hq) * s_q + t] = lse;
+        if (wn == 0 && (lane & 3) == 0) args.lse[we.lse_index(s_q, t, hq)] = lse;
       } else {
         const long long prow = we.partial_row(args, t, hq);
         float* out = args.partial_out + prow * Cfg::kDV;
