@@ -19,7 +19,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -32,29 +31,19 @@ from attncc.build import BuildError, build, cache_key, compile_source
 from attncc.split import ctas_per_split
 
 from specs import EXTRA
+from support import compile_quiet, have_nvcc
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.stem for p in (REPO / "examples").glob("*.attn"))
 
 
-def _have_nvcc() -> bool:
-    try:
-        attncc.build.nvcc()
-        attncc.build.nvcc_version()
-    except (BuildError, OSError, subprocess.CalledProcessError):
-        return False
-    return True
 
 
-pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not found (CUDA toolkit needed)")
+pytestmark = pytest.mark.skipif(not have_nvcc(), reason="nvcc not found (CUDA toolkit needed)")
 
 ARCH_CODE = {"sm90a": "sm_90a", "sm80": "sm_80"}
 
 
-def compile_quiet(source):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # seesaw/crossover not yet applied
-        return attncc.compile(source)
 
 
 def plan_of(name: str):

@@ -9,29 +9,18 @@ from pathlib import Path
 
 import pytest
 
-import attncc
-import attncc.build
 from attncc.cli import main
 from attncc.render import render, source_name, write_sources
+
+from support import compile_quiet, have_nvcc
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.attn"))
 REGENERATE = "for f in examples/*.attn; do attncc compile $f --no-build; done"
 
 
-def compile_quiet(source):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # seesaw/crossover not yet applied
-        return attncc.compile(source)
 
 
-def _have_nvcc() -> bool:
-    try:
-        attncc.build.nvcc()
-        attncc.build.nvcc_version()
-    except Exception:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -117,7 +106,7 @@ def test_cli_compile_unsupported_spec_is_a_positioned_error(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not found")
+@pytest.mark.skipif(not have_nvcc(), reason="nvcc not found")
 @pytest.mark.parametrize("name, arch", [("mla_fp8_sparse", None), ("gqa8", "sm80")])
 def test_cli_compile_reports_registers_and_spills(tmp_path, capsys, name, arch):
     argv = ["compile", str(REPO / "examples" / f"{name}.attn"), "-o", str(tmp_path / "o")]

@@ -23,17 +23,13 @@ from attncc.split import DecodeMetadata, num_splits
 from attncc.target import TARGETS
 
 from specs import EXTRA
+from support import compile_quiet
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.attn"))
 SMEM_CAP = 232448  # the largest dynamic shared memory of a CTA on sm_90 (227 KB)
 
 
-def compile_quiet(source):
-    """attncc.compile without the `seesaw`/`crossover` "not yet applied" warnings."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return attncc.compile(source)
 
 
 def example(name: str):
@@ -344,7 +340,7 @@ def test_separate_storage_one_tensor_per_segment_plus_scales():
 
 
 def test_scale_tensor_needs_only_a_4_byte_token_stride():
-    """decode.cuh asks the scale tensor's token stride to be a multiple of 4 (scales are
+    """The mma.sync kernel asks the scale tensor's token stride to be a multiple of 4 (scales are
     copied 4 bytes at a time); 2 scales per token (8 bytes) is a valid separate layout."""
     text = """
 attention sep_two_scales {
@@ -679,7 +675,7 @@ SPARSE_H16 = """attention sparse16 {
 }"""
 
 
-# --- balanced parts (templates/include/attncc/schedule.cuh) ------------------------------
+# --- balanced parts (attncc/split.py, templates/include/attncc/core/schedule.cuh) ----------
 
 def test_compute_bound_auto_plans_balance_parts():
     """split_kv auto balances parts exactly when the plan is compute-bound (2 tile_m (d_k +

@@ -1,0 +1,117 @@
+"""Same-process A/B of two builds of one plan's kernel library (GPU).
+
+    python3 bench/ab.py SPEC A.so B.so [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64]
+                        [--rounds 15] [--legacy A]
+
+Both libraries get the same inputs (attncc.bench.inputs: random cache larger than L2, pages
+in random order) through the same AttnccArgs; each round times one call of A and one of B
+(CUDA events, L2 flushed before each, a spin kernel covering the enqueue), alternating which
+goes first. Prints the median of each, the ratio, and whether the outputs are bitwise equal.
+`--legacy A` (or B) loads that library without the ABI check (a build from before the
+versioned ABI, whose AttnccArgs had the same fields)."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from attncc import abi, bench, split  # noqa: E402
+from attncc.frontend import check_spec  # noqa: E402
+from attncc.kernel import Kernel  # noqa: E402
+from attncc.ops import cache_list  # noqa: E402
+
+
+def load(path: str, legacy: bool):
+    if not legacy:
+        return abi.Library(Path(path))
+    lib = abi.Library.__new__(abi.Library)
+    lib.path, lib.dll, lib._ctas_per_sm = Path(path), ctypes.CDLL(path), None
+    lib.dll.attncc_launch.argtypes = [ctypes.POINTER(abi.AttnccArgs)]
+    lib.dll.attncc_launch.restype = ctypes.c_int
+    return lib
+
+
+def make_args(plan, lib, case, spec):
+    q = case.q
+    batch, s_q = q.shape[:2]
+    kv = spec.topk if spec.sparse else case.block_table.shape[1] * spec.page_size
+    per_sm = lib.ctas_per_sm() if split.balanced(plan) else 1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits, parts = split.launch_schedule(plan, batch, s_q, kv, 0, sms, per_sm)
+    out = torch.empty(batch, s_q, spec.heads_q, spec.d_v, dtype=q.dtype, device="cuda")
+    lse = torch.empty(batch, spec.heads_q, s_q, dtype=torch.float32, device="cuda")
+    ws = split.workspace_shapes(plan, batch, s_q, splits, parts)
+    po = pl = None
+    if ws is not None:
+        po = torch.empty(ws[0], dtype=torch.float32, device="cuda")
+        pl = torch.empty(ws[1], dtype=torch.float32, device="cuda")
+    a = abi.AttnccArgs()
+    a.q, a.out, a.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
+    for i, t in enumerate(cache_list(spec, case.cache)):
+        a.tensors[i] = t.data_ptr()
+    if case.block_table is not None:
+        a.block_table, a.block_table_stride = case.block_table.data_ptr(), case.block_table.stride(0)
+        a.seqlens = case.seqlens.data_ptr()
+    if case.indices is not None:
+        a.indices = case.indices.data_ptr()
+    a.partial_out = po.data_ptr() if po is not None else None
+    a.partial_lse = pl.data_ptr() if pl is not None else None
+    a.batch, a.s_q, a.num_splits, a.num_parts = batch, s_q, splits, parts
+    a.softmax_scale = spec.softmax_scale
+    a.stream = torch.cuda.current_stream().cuda_stream
+    return a, (out, lse, po, pl), (splits, parts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("spec")
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--sq", type=int, default=1)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--page", type=int)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--legacy", choices=["A", "B"], action="append", default=[])
+    args = ap.parse_args(argv)
+    spec = check_spec(Path(args.spec))
+    spec = bench.variant(spec, args.heads or spec.heads_q, args.page or spec.page_size)
+    plan = Kernel(spec).plan
+    libs = {"A": load(args.a, "A" in args.legacy), "B": load(args.b, "B" in args.legacy)}
+    cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
+    case = bench.inputs(spec, cfg)
+    launches = {name: make_args(plan, lib, case, spec) for name, lib in libs.items()}
+    flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    times = {"A": [], "B": []}
+    for name, lib in libs.items():  # warm up, and check both run
+        for _ in range(3):
+            lib.launch(launches[name][0])
+    torch.cuda.synchronize()
+    for r in range(args.rounds):
+        order = ("A", "B") if r % 2 == 0 else ("B", "A")
+        for name in order:
+            flush.zero_()
+            torch.cuda._sleep(200_000)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            libs[name].launch(launches[name][0])
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3)
+    (oa, la, *_), (ob, lb, *_) = launches["A"][1], launches["B"][1]
+    same = torch.equal(oa, ob) and torch.equal(la, lb)
+    ma, mb = statistics.median(times["A"]), statistics.median(times["B"])
+    print(f"{spec.name} {cfg.label()} splits/parts {launches['A'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
+          f"B/A {mb / ma:.4f}, outputs {'bitwise equal' if same else 'DIFFER'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

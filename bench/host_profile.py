@@ -1,0 +1,75 @@
+"""Where the host's time of one eager call goes (GPU; a benchmark, not a test).
+
+    python3 bench/host_profile.py [SPEC] [--batch 1 --sq 1 --seqlen 32768] [--calls 200]
+
+Times, as the median over `calls` calls with the GPU idle before each (so nothing waits on
+it), the whole eager call k(...) and its stages one by one: the argument checks with and
+without the value checks, the torch op (dispatch + launch), the launch body without the
+dispatcher, the ctypes call alone."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import attncc  # noqa: E402
+from attncc import bench, ops, validate  # noqa: E402
+from attncc.ops import cache_list  # noqa: E402
+
+
+def host_us(fn, calls: int) -> float:
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return statistics.median(samples) * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("spec", nargs="?", default="examples/mla.attn")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--sq", type=int, default=1)
+    ap.add_argument("--seqlen", type=int, default=32768)
+    ap.add_argument("--calls", type=int, default=200)
+    args = ap.parse_args(argv)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        k = attncc.compile(Path(args.spec))
+    spec = k.spec
+    case = bench.inputs(spec, bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size))
+    cache = cache_list(spec, case.cache)
+    lib = k.op.library()
+    call = lambda: k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices)  # noqa: E731
+    call()
+    rows = [
+        ("eager call k(...)", call),
+        ("  validate.call_arguments, value checks", lambda: validate.call_arguments(
+            spec, case.q, case.cache, case.block_table, case.seqlens, case.indices, True)),
+        ("  validate.call_arguments, metadata only", lambda: validate.call_arguments(
+            spec, case.q, case.cache, case.block_table, case.seqlens, case.indices, False)),
+        ("  k.op(...): dispatcher + launch", lambda: k.op(case.q, cache, case.block_table, case.seqlens,
+                                                        case.indices, spec.softmax_scale, 0)),
+        ("  ops.cuda_forward: launch body", lambda: ops.cuda_forward(
+            k.plan, lib, case.q, cache, case.block_table, case.seqlens, case.indices, spec.softmax_scale, 0)),
+    ]
+    results = [(label, host_us(fn, args.calls)) for label, fn in rows]
+    print(f"{spec.name} b={args.batch} s_q={args.sq} s_k={args.seqlen}: host us per call (median of {args.calls})")
+    for label, us in results:
+        print(f"  {label:<46} {us:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

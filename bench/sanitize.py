@@ -1,0 +1,116 @@
+"""compute-sanitizer over every example and the GPU test grid's specs, at small sizes (GPU).
+
+    python3 bench/sanitize.py [--tools memcheck,racecheck,synccheck,initcheck] [--specs a,b]
+                              [--log DIR]
+
+For each tool, one process under `compute-sanitizer --tool T` (only attncc's kernels are
+instrumented) runs every spec on a few small cases: split mode and part mode, lengths
+0, 1, P, P + 1 and a few tiles, every s_q, NaN in the unused pages, each checked against the
+reference. Prints one line per tool with the sanitizer's summary, and exits non-zero if any
+tool reports an error or hazard, or a case is wrong. Keep it for every kernel change.
+The libraries are built (outside the sanitizer) first."""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+
+
+def _specs(names):
+    from specs import all_specs
+
+    specs = all_specs()
+    return {n: specs[n] for n in names} if names else specs
+
+
+def worker(names) -> int:
+    """Run the small cases of every spec (under the sanitizer); non-zero on a wrong result."""
+    import torch
+
+    import attncc
+    from attncc import testing
+    from attncc.ops import cache_list
+
+    failed = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernels = {n: attncc.compile(t) for n, t in _specs(names).items()}
+    for name, k in kernels.items():
+        spec = k.spec
+        P = spec.page_size
+        lengths = [0, 1, P, P + 1, 3 * P + 5] if not spec.sparse else [1, 1]
+        for s_q in range(1, spec.max_query_len + 1):
+            for splits in (0, 2, -3):  # the launch's choice, 2 splits, 3 balanced parts
+                case = testing.random_case(spec, lengths, s_q, seed=7 * s_q + splits)
+                out, lse = k.op(case.q, cache_list(spec, case.cache), case.block_table, case.seqlens,
+                                case.indices, spec.softmax_scale, splits)
+                torch.cuda.synchronize()
+                result = testing.compare(spec, case, out, lse)
+                if not result.ok:
+                    failed += 1
+                    print(f"WRONG {name} s_q={s_q} splits={splits}: {result}", flush=True)
+        print(f"case {name}: done", flush=True)
+    return 1 if failed else 0
+
+
+def build(names) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import attncc
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernels = [attncc.compile(t) for t in _specs(names).values()]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda k: k.build(), kernels))
+
+
+SUMMARY = re.compile(r"(ERROR SUMMARY: \d+ errors?|RACECHECK SUMMARY: \d+ hazards? displayed.*)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--specs", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--log", default=None, help="directory for each tool's full log")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    names = [n for n in args.specs.split(",") if n]
+    if args.worker:
+        return worker(names)
+    build(names)
+    bad = 0
+    for tool in args.tools.split(","):
+        cmd = ["compute-sanitizer", "--tool", tool, "--kernel-name", "kns=attncc", "--error-exitcode", "3",
+               "--print-limit", "20"]
+        if tool == "racecheck":
+            cmd += ["--racecheck-report", "all"]
+        cmd += [sys.executable, str(Path(__file__).resolve()), "--worker", "--specs", args.specs]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        text = proc.stdout + proc.stderr
+        if args.log:
+            Path(args.log).mkdir(parents=True, exist_ok=True)
+            (Path(args.log) / f"sanitize_{tool}.log").write_text(text)
+        summary = "; ".join(dict.fromkeys(SUMMARY.findall(text))) or "no summary"
+        wrong = text.count("WRONG ")
+        done = text.count("case ") 
+        ok = proc.returncode == 0 and not wrong
+        bad += not ok
+        print(f"{tool:<10} {'clean' if ok else 'FAILED'} (exit {proc.returncode}; {summary}; "
+              f"{done} specs run, {wrong} wrong results)", flush=True)
+        if not ok:
+            print("\n".join(text.splitlines()[-40:]))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

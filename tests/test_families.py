@@ -1,0 +1,184 @@
+"""Kernel families (attncc/families/) and how the lowering chooses among them, on CPU.
+
+The lowering walks the target's families in preference order and takes the first that
+accepts the spec and every knob written; a knob no family honours is a SpecError at the knob
+with each family's reason; `explain` names the family, every choice of its config and why,
+and the launch of one call. The C++ only static_asserts the config: a corrupted config fails
+to build."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+import attncc
+import attncc.build
+from attncc import families, split
+from attncc.families import Family, KernelConfig, MmaSyncFamily, Refusal
+from attncc.lower import UnsupportedSpec, lower
+from attncc.render import constant_name, constants, render
+
+from support import compile_quiet, have_nvcc
+
+REPO = Path(__file__).resolve().parent.parent
+GQA8 = (REPO / "examples" / "gqa8.attn").read_text()
+
+
+
+
+class Picky(Family):
+    """A family preferred over mma_sync that refuses everything."""
+
+    name = "picky"
+    summary = "refuses everything"
+    targets = ("sm90a",)
+    honours = frozenset({"tile", "stages"})
+    tolerates = frozenset()
+    template = "mma_sync/decode.cu.j2"
+    limits = ()
+
+    def lower(self, spec, layout, target):
+        raise Refusal("takes no spec at all", spec.span_of("heads"))
+
+
+class NoKnobs(Picky):
+    """A family that honours no schedule knob (and would take any spec without one)."""
+
+    name = "noknobs"
+    honours = frozenset()
+
+    def lower(self, spec, layout, target):
+        return MmaSyncFamily().lower(spec, layout, target)
+
+
+@pytest.fixture
+def order(monkeypatch):
+    def set_families(*fams):
+        monkeypatch.setattr(families, "FAMILIES", tuple(fams))
+    return set_families
+
+
+def test_the_first_family_that_accepts_wins_and_the_refusals_are_kept(order):
+    order(Picky(), MmaSyncFamily())
+    plan = lower(compile_quiet(GQA8).spec)
+    assert plan.family == "mma_sync"
+    assert plan.refused == (("picky", "takes no spec at all"),)
+    text = attncc.compile(GQA8).explain()
+    assert "not chosen: picky: takes no spec at all" in text
+    assert "family mma_sync" in text
+
+
+def test_a_family_for_another_target_is_not_asked(order):
+    order(Picky(), MmaSyncFamily())
+    sm80 = GQA8 + "schedule gqa8 {\n    target sm80\n}\n"
+    assert lower(compile_quiet(sm80).spec).refused == ()
+
+
+def test_a_knob_no_family_honours_is_an_error_at_the_knob_with_each_reason(order):
+    order(NoKnobs(), Picky())
+    text = GQA8 + "schedule gqa8 {\n    split_kv 2\n    stages 3\n}\n"
+    with pytest.raises(attncc.SpecError) as info:
+        attncc.compile(text)
+    exc = info.value
+    assert not isinstance(exc, UnsupportedSpec)
+    line = text.split("\n").index("    stages 3") + 1
+    assert (exc.span.line, exc.span.column) == (line, 5)
+    assert "noknobs: does not apply `stages`" in exc.message
+    assert "picky: takes no spec at all" in exc.message
+    # without the knob the first family takes it
+    plan = lower(compile_quiet(GQA8 + "schedule gqa8 {\n    split_kv 2\n}\n").spec)
+    assert plan.family == "noknobs"
+
+
+def test_a_spec_no_family_runs_is_unsupported_with_each_reason(order):
+    order(Picky(), MmaSyncFamily())
+    narrow = GQA8.replace("bf16[128]", "bf16[8]")
+    k = attncc.compile(narrow)  # the reference still runs it
+    with pytest.raises(UnsupportedSpec) as info:
+        k.plan
+    assert "picky: takes no spec at all" in info.value.message
+    assert "mma_sync: needs the key width to be a multiple of 16" in info.value.message
+
+
+def test_every_family_declares_what_it_runs():
+    assert families.FAMILIES, "at least one family"
+    for fam in families.FAMILIES:
+        assert fam.name and fam.summary and fam.targets and fam.limits
+        assert (REPO / "templates" / fam.template).is_file()
+        assert not (fam.honours & fam.tolerates)
+        assert not (fam.honours & families.COMMON_KNOBS)
+    for target in ("sm90a", "sm80"):
+        assert families.for_target(target), target
+
+
+@pytest.mark.parametrize("name", ["mla", "gqa8", "mla_fp8_sparse"])
+def test_config_is_frozen_hashed_and_every_field_is_rendered(name):
+    plan = compile_quiet(REPO / "examples" / f"{name}.attn").plan
+    cfg = plan.config
+    assert isinstance(cfg, KernelConfig)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.tile_m = 1
+    assert hash(cfg) == hash(dataclasses.replace(cfg))
+    assert dataclasses.replace(cfg, why=()) == cfg, "the reasons are not part of the identity"
+    source = render(plan)
+    names = {c["name"] for c in constants(plan)}
+    for field in cfg.choices():
+        assert any(n == constant_name(field) or n.startswith(constant_name(field)) for n in names), field
+    for c in constants(plan):
+        assert re.search(rf"static constexpr \w+ {c['name']} = {c['value']};", source), c
+    # the C++ of the family reads the plan's numbers, it does not choose them
+    for header in (REPO / "templates/include/attncc/mma_sync").glob("*.cuh"):
+        text = header.read_text()
+        assert not re.search(r"Cfg::k\w+ >= 0 \?", text), f"{header.name}: a -1 sentinel chosen in C++"
+        assert "pick_warp_rows" not in text
+
+
+def test_explain_shows_the_family_its_choices_and_the_launch():
+    k = compile_quiet(REPO / "examples" / "mla.attn")
+    text = k.explain(batch=128, seqlen=8192, s_q=2)
+    cfg = k.plan.config
+    assert f"family {k.plan.family}" in text
+    for field in ("tile_m", "qk_split", "ping_pong", "copy_interleave", "warp_rows", "smem_bytes",
+                  "kv_off", "registers"):
+        assert re.search(rf"^\s+{field}\s+\S", text, re.M), field
+    assert re.search(r"qk_split\s+True\s+on: legal and compute-bound", text)
+    parts = split.num_parts(k.plan, 2, 132, 1)
+    assert f"cut into {parts} equal parts of 4 CTAs" in text
+    assert f"grid {parts * 4} CTAs of {cfg.threads} threads, {cfg.smem_bytes} B shared memory" in text
+    assert "1 CTA(s) per SM" in text
+    assert f"workspace {split.workspace_bytes(k.plan, 128, 2, 1, parts)} B" in text
+    small = compile_quiet(REPO / "examples" / "gqa8.attn")
+    text = small.explain(batch=2, seqlen=4096)
+    splits = split.num_splits(small.plan, 2, 1, 4096, 132)
+    assert f"{splits} split(s) per sequence" in text and splits > 1
+    assert f"workspace {split.workspace_bytes(small.plan, 2, 1, splits, 0)} B" in text
+
+
+def test_workspace_shapes_follow_the_mode():
+    plan = compile_quiet(REPO / "examples" / "mla.attn").plan
+    assert split.workspace_shapes(plan, 8, 2, 1, 0) is None
+    assert split.workspace_shapes(plan, 8, 2, 3, 0) == ((3, 8, 2, 128, 512), (3, 8, 2, 128))
+    assert split.workspace_shapes(plan, 8, 2, 1, 33) == ((66, 1, 2, 128, 512), (66, 1, 2, 128))
+    assert split.workspace_bytes(plan, 8, 2, 3, 0) == 4 * (3 * 8 * 2 * 128 * 513)
+
+
+
+
+@pytest.mark.skipif(not have_nvcc(), reason="nvcc not found")
+@pytest.mark.parametrize("change, message", [
+    (dict(kv_off=64), "shared-memory plan"),
+    (dict(qk_steps=3), "k-steps of the warp"),
+    (dict(ping_pong=True), "ping_pong"),
+    (dict(barriers=17), "named barriers"),
+])
+def test_the_cpp_rejects_a_config_it_cannot_run(tmp_path, change, message):
+    """The C++ trusts the lowering only as far as its static_asserts: a config whose numbers
+    break the kernel's needs does not build."""
+    plan = compile_quiet(REPO / "examples" / "gqa8.attn").plan  # one row group: no ping_pong
+    assert plan.config.warps_m == 1
+    bad = dataclasses.replace(plan, config=dataclasses.replace(plan.config, **change))
+    with pytest.raises(attncc.build.BuildError) as info:
+        attncc.build.compile_source(bad, tmp_path, progress=False)
+    assert message in info.value.log
