@@ -6,7 +6,7 @@ import importlib
 from .errors import SpecError
 
 __version__ = "0.1.0"
-__all__ = ["SpecError", "compile", "reference", "__version__"]
+__all__ = ["SpecError", "compile", "load_package", "reference", "__version__"]
 
 
 def compile(path_or_text):  # noqa: A001 - the contract's name
@@ -17,6 +17,14 @@ def compile(path_or_text):  # noqa: A001 - the contract's name
     from .kernel import Kernel
 
     return Kernel(check_spec(path_or_text))
+
+
+def load_package(directory):
+    """Serve the kernels of a package (`attncc package SPEC... -o DIR`) to this process, with
+    no CUDA toolkit needed; returns the package's specs compiled, {name: Kernel}."""
+    from .cache import load_package as load
+
+    return load(directory)
 
 
 def __getattr__(name):

@@ -1,21 +1,15 @@
-"""JIT build: rendered CUDA → a C-ABI shared library, cached on disk.
-
-The cache key hashes the canonical plan, the template sources, attncc's version, the
-nvcc version and the arch. Builds run in a private temp dir under a file lock and are
-renamed into place when complete, so concurrent processes build once and a killed
-build never leaves a half-written entry. The library has no Python or torch coupling:
-it builds wherever nvcc is, and loads under any Python."""
+"""Rendered CUDA → a C-ABI shared library: nvcc through ninja, its `-Xptxas -v` report,
+and the errors of a failed build (the log, the source, a command to reproduce it). The
+library has no Python or torch coupling: it builds wherever nvcc is, and loads under any
+Python. cache.py keeps built libraries on disk."""
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -23,19 +17,13 @@ from functools import lru_cache
 from pathlib import Path
 
 
-from . import __version__
 from .lower import Plan
-from .render import INCLUDE_DIR, render, source_name, template_digest
+from .render import INCLUDE_DIR, render, source_name
 from .target import TARGETS
 
 ARCH_FLAGS = {name: t.arch_flag for name, t in TARGETS.items()}
 NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "-Xptxas", "-v")
 LIBRARY = "kernel.so"
-READY = "READY"  # written last inside the temp dir: a directory without it is incomplete
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ATTNCC_CACHE_DIR", Path.home() / ".cache" / "attncc"))
 
 
 class BuildError(RuntimeError):
@@ -60,14 +48,6 @@ def nvcc() -> str:
 def nvcc_version() -> str:
     out = subprocess.run([nvcc(), "--version"], capture_output=True, text=True, check=True).stdout
     return out.strip().splitlines()[-1]
-
-
-def cache_key(plan: Plan, arch: str | None = None) -> str:
-    arch = arch or plan.target
-    payload = {"plan": plan.canonical_json(), "templates": template_digest(),
-               "attncc": __version__, "nvcc": nvcc_version(), "arch": arch,
-               "flags": [*NVCC_FLAGS, ARCH_FLAGS[arch]]}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def nvcc_command(source: Path, output: Path, arch: str) -> list[str]:
@@ -189,36 +169,3 @@ class _nullcontext:
 
     def __exit__(self, *_):
         return False
-
-
-def build(plan: Plan, arch: str | None = None, progress: bool = True) -> Path:
-    """The cached library for a plan, building it at most once across processes."""
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    key = cache_key(plan, arch)
-    final = root / key
-    if (final / READY).exists():
-        return final / LIBRARY
-    from filelock import FileLock  # ~80 ms to import: only when something must be built
-
-    with FileLock(str(root / f"{key}.lock")):
-        if (final / READY).exists():  # another process finished while we waited
-            return final / LIBRARY
-        if final.exists():  # not READY: a rename cannot leave this, but be safe
-            shutil.rmtree(final, ignore_errors=True)
-        for dead in root.glob(f"{key}.*.tmp"):  # we hold the key's lock: their builder died
-            shutil.rmtree(dead, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f"{key}.", suffix=".tmp", dir=root))
-        try:
-            compile_source(plan, work, arch, progress)
-        except BuildError as exc:
-            # keep the failed sources where the error message (and its repro) point
-            failed = root / "failed" / key
-            shutil.rmtree(failed, ignore_errors=True)
-            failed.parent.mkdir(exist_ok=True)
-            os.replace(work, failed)
-            raise BuildError(str(exc).splitlines()[0], exc.log, failed / exc.source.name,
-                             exc.repro.replace(str(work), str(failed))) from None
-        (work / READY).write_text(nvcc_version() + "\n")
-        os.replace(work, final)
-    return final / LIBRARY

@@ -13,17 +13,23 @@ def _check(args) -> int:
     from pathlib import Path
 
     from .frontend import check_spec
+    from .lower import UnsupportedSpec, lower
 
     failed = 0
     for path in args.specs:
         try:
             spec = check_spec(Path(path))  # arguments are files, whatever their suffix
+            plan = lower(spec)  # the schedule against the kernel families, as compile does
+        except UnsupportedSpec as exc:
+            plan, note = None, exc.message
         except SpecError as exc:
             print(exc, file=sys.stderr)
             failed += 1
             continue
+        runs = (f"family {plan.family}" if plan is not None else
+                f"CPU reference only: {note}")
         print(f"{path}: ok ({spec.name}: d_k {spec.d_k}, d_v {spec.d_v}, "
-              f"{spec.record_bytes} bytes/token)")
+              f"{spec.record_bytes} bytes/token; {runs})")
     return 1 if failed else 0
 
 
@@ -48,7 +54,13 @@ def _compile(args) -> int:
 
     plan = attncc.compile(Path(args.spec)).plan
     directory = Path(args.output) if args.output else Path("generated") / plan.name
-    for path in write_sources(plan, directory):
+    try:
+        written = write_sources(plan, directory)
+    except OSError as exc:
+        print(f"attncc: error: cannot write the generated sources to {directory}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    for path in written:
         print(f"wrote {path}")
     if args.no_build:
         return 0
@@ -78,6 +90,23 @@ def _compile(args) -> int:
     if spilled:
         print("attncc: warning: register spills (local memory traffic on the hot path)",
               file=sys.stderr)
+    return 0
+
+
+def _package(args) -> int:
+    from pathlib import Path
+
+    from .cache import package
+    from .frontend import read_file
+
+    sources = {}
+    for path in args.specs:
+        source = read_file(Path(path))
+        sources[path] = source.text
+    for spec, library in zip(args.specs, package(sources, Path(args.output))):
+        print(f"{spec}: {library}")
+    print(f"package {args.output}: serve it with ATTNCC_CACHE_DIR={args.output} or "
+          f"attncc.load_package({args.output!r}) (no CUDA toolkit needed)")
     return 0
 
 
@@ -131,6 +160,12 @@ def _bench(args) -> int:
         print(f"attncc bench: --ragged varies sequence lengths; `{spec.name}` is sparse "
               "(each query reads its top-k)", file=sys.stderr)
         return 2
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("attncc bench --plot needs matplotlib: pip install 'attncc[plot]'", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("attncc bench needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -170,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--arch", choices=sorted(TARGETS), help="default: the schedule's target")
     compile_.add_argument("--no-build", action="store_true", help="render only")
     compile_.set_defaults(run=_compile)
+    package = sub.add_parser("package", help="build specs into DIR, a kernel cache that a process "
+                             "without the CUDA toolkit can load (ATTNCC_CACHE_DIR or attncc.load_package)")
+    package.add_argument("specs", nargs="+", metavar="SPEC")
+    package.add_argument("-o", "--output", metavar="DIR", required=True)
+    package.set_defaults(run=_package)
     test = sub.add_parser("test", help="generated op vs reference on random inputs (needs a GPU)")
     test.add_argument("spec", metavar="SPEC")
     test.add_argument("--trials", type=int, default=8)

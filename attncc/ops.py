@@ -10,7 +10,7 @@ import torch
 
 from . import reference, split, storage, validate
 from .abi import AttnccArgs, Library
-from .build import build
+from .cache import build
 from .ir import Spec
 from .lower import Plan
 

@@ -70,7 +70,8 @@ def test_check_each_example(capsys, example):
     rc, out, err = run(capsys, "check", f"examples/{example}")
     assert rc == 0
     assert err == ""
-    assert out == f"examples/{example}: ok ({name}: d_k {d_k}, d_v {d_v}, {record} bytes/token)\n"
+    assert out == (f"examples/{example}: ok ({name}: d_k {d_k}, d_v {d_v}, {record} bytes/token; "
+                   "family mma_sync)\n")
 
 
 def test_check_all_examples_at_once(capsys):
@@ -100,8 +101,8 @@ def test_check_several_files_one_bad(capsys, tmp_path):
     assert rc == 1
     # the good ones are still reported, in order, after the bad one
     assert out.splitlines() == [
-        "examples/mla.attn: ok (mla: d_k 576, d_v 512, 1152 bytes/token)",
-        "examples/gqa8.attn: ok (gqa8: d_k 128, d_v 128, 4096 bytes/token)",
+        "examples/mla.attn: ok (mla: d_k 576, d_v 512, 1152 bytes/token; family mma_sync)",
+        "examples/gqa8.attn: ok (gqa8: d_k 128, d_v 128, 4096 bytes/token; family mma_sync)",
     ]
     assert err.startswith(f"{bad}:2:15: "), err
     assert "examples/" not in err
@@ -230,8 +231,9 @@ def test_python_dash_m_check(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "attncc.cli", "check", "examples/mla.attn",
                            str(bad)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
-    assert proc.stdout == "examples/mla.attn: ok (mla: d_k 576, d_v 512, 1152 bytes/token)\n"
-    assert proc.stderr.startswith(f"{bad}:2:15: `heads q` must be at least 1")
+    assert proc.stdout == "examples/mla.attn: ok (mla: d_k 576, d_v 512, 1152 bytes/token; family mma_sync)\n"
+    notes, error = proc.stderr.split(f"{bad}:2:15: `heads q` must be at least 1")
+    assert all(line.startswith("attncc: warning: ") for line in notes.splitlines()), notes
     assert "Traceback" not in proc.stderr
 
 
@@ -246,3 +248,47 @@ def test_python_dash_m_explain(tmp_path):
     assert proc.returncode != 0
     assert "s_q" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# --- check runs the lowering; unwritable outputs; optional extras ---------------------------------
+
+def test_check_refuses_a_schedule_that_compile_refuses(capsys, tmp_path):
+    spec = tmp_path / "t.attn"
+    spec.write_text("attention t {\n    heads q = 2, kv = 1\n    cache paged(4) { k: bf16[16] v: bf16[16] }\n"
+                    "    key = k\n    value = v\n}\nschedule t {\n    tile q = 128, kv = 64\n}\n")
+    rc, out, err = run(capsys, "check", str(spec))
+    assert rc == 1 and "ok" not in out
+    assert err.startswith(f"{spec}:8:5: ") and "tile q = 128" in err
+
+
+def test_check_says_which_family_runs_a_spec_or_that_none_does(capsys, tmp_path):
+    rc, out, _ = run(capsys, "check", "examples/gqa8.attn")
+    assert rc == 0 and "family mma_sync" in out
+    narrow = tmp_path / "narrow.attn"
+    narrow.write_text("attention n {\n    heads q = 2, kv = 1\n    cache paged(4) { k: bf16[8] v: bf16[8] }\n"
+                      "    key = k\n    value = v\n}\n")
+    rc, out, _ = run(capsys, "check", str(narrow))
+    assert rc == 0 and "CPU reference only" in out and "multiple of 16" in out
+
+
+def test_compile_to_an_unwritable_directory_is_an_error_not_a_traceback(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    rc, out, err = run(capsys, "compile", "examples/gqa8.attn", "-o", str(blocker / "out"), "--no-build")
+    assert rc == 1 and "Traceback" not in err
+    assert err.startswith(f"attncc: error: cannot write the generated sources to {blocker / 'out'}")
+
+
+def test_bench_plot_without_matplotlib_says_how_to_get_it(capsys, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    rc, _, err = run(capsys, "bench", "examples/gqa8.attn", "--plot", "x.png")
+    assert rc == 2 and "pip install 'attncc[plot]'" in err
