@@ -1,6 +1,13 @@
 """Syntax tree → checked IR. Every rule of DESIGN.md §2 is validated here and the first
-violation is raised as a positioned SpecError. Statements are checked in source order;
-key/value (which need the whole record) and cross-statement rules come after them."""
+violation is raised as a positioned SpecError.
+
+Order: blocks are checked in source order, and so are the statements of an attention block
+(each statement's own rules as it is read) and the knobs of a schedule. The rules that need
+the whole block (a key or value against the record, the record's size, the 16-bit dtype,
+causal with topk, the row count) run after its statements; of their errors the first in the
+file is reported. So where the checks cannot follow the file: a statement's own error is
+reported before a cross-statement error placed earlier in the file (a `key` naming an
+unknown segment, above a cache whose dtype is misspelled, reports the dtype)."""
 from __future__ import annotations
 
 import difflib
@@ -8,9 +15,10 @@ import math
 
 from . import syntax as st
 from .errors import Source, Span, SpecError
-from .ir import DTYPES, SCALE_DTYPES, Schedule, Segment, Slice, Spec
+from .ir import DTYPES, KERNEL_INT_MAX, SCALE_DTYPES, Schedule, Segment, Slice, Spec, scale_tensor_name
 from .target import TARGETS
 
+MAX_NAME = 200  # an attention's name names generated/<name>/<name>.cu and the op attncc::<name>_<hash>
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "e4m3",
                   "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "f16": "fp16"}
 _SCALE_ALIASES = {"float32": "fp32", "f32": "fp32", "float": "fp32"}
@@ -37,26 +45,27 @@ class _Checker:
     # --- the file ----------------------------------------------------------------------
     def module(self, module: st.Module) -> Spec:
         attentions = [b for b in module.blocks if isinstance(b, st.Attention)]
-        schedules = [b for b in module.blocks if isinstance(b, st.Schedule)]
         if not attentions:
             self.fail("no `attention` block: a spec declares one", Span(1, 1, 1, 2))
-        if len(attentions) > 1:
-            self.fail(f"a spec holds one `attention` block; `{attentions[0].name.text}` "
-                      f"is already declared", attentions[1].name.span)
-        if len(schedules) > 1:
-            self.fail("a spec holds at most one `schedule` block", schedules[1].name.span)
-        attention = attentions[0]
-        spec_parts = self.attention(attention)
-        schedule = self.schedule(schedules[0], attention.name.text) if schedules else Schedule()
-        if schedule.seesaw or schedule.crossover:
-            if schedule.target != "sm90a":
-                knob = "seesaw" if schedule.seesaw else "crossover"
-                self.fail(f"`{knob}` is a Hopper schedule and needs `target sm90a`, "
-                          f"not `{schedule.target}`", schedule.span_of(knob))
-        return Spec(schedule=schedule, source=self.source, **spec_parts)
+        name = attentions[0].name.text
+        spec_parts = schedule = None
+        for block in module.blocks:  # in source order
+            if isinstance(block, st.Attention):
+                if spec_parts is not None:
+                    self.fail(f"a spec holds one `attention` block; `{name}` is already declared",
+                              block.name.span)
+                spec_parts = self.attention(block)
+            else:
+                if schedule is not None:
+                    self.fail("a spec holds at most one `schedule` block", block.name.span)
+                schedule = self.schedule(block, name)
+        return Spec(schedule=schedule or Schedule(), source=self.source, **spec_parts)
 
     # --- attention -----------------------------------------------------------------------
     def attention(self, block: st.Attention) -> dict:
+        if len(block.name.text) > MAX_NAME:
+            self.fail(f"the name is {len(block.name.text)} characters long; at most {MAX_NAME} (it "
+                      "names files, a directory and the torch op)", block.name.span)
         seen: dict[str, object] = {}
         for stmt in block.statements:
             kind = {st.Heads: "heads", st.Cache: "cache", st.QueryLen: "query len",
@@ -73,16 +82,28 @@ class _Checker:
                 self.fail(f"attention `{block.name.text}` has no `{required}` statement",
                           block.name.span)
         heads, cache = seen["heads"], seen["cache"]
+        query, tokens = seen.get("query len"), seen.get("tokens")
         segments = self.layout(cache, heads.kv.value)
-        key = self.projection(seen["key"], segments)
-        value = self.projection(seen["value"], segments)
-        self.elem_dtype(cache)
-        query = seen.get("query len")
-        tokens = seen.get("tokens")
+        errors: list[SpecError] = []
+
+        def attempt(check, *args):
+            try:
+                return check(*args)
+            except SpecError as exc:
+                errors.append(exc)
+                return None
+
+        attempt(self.record_size, cache, segments)
+        key = attempt(self.projection, seen["key"], segments)
+        value = attempt(self.projection, seen["value"], segments)
+        attempt(self.elem_dtype, cache)
+        attempt(self.rows, heads, query)
         if tokens is not None and query is not None and query.causal:
             later = max(tokens, query, key=lambda s: (s.span.line, s.span.column))
-            self.fail("`causal` does not combine with `tokens topk`: a sparse query "
-                      "attends exactly to the tokens its indices name", later.span)
+            attempt(self.fail, "`causal` does not combine with `tokens topk`: a sparse query "
+                    "attends exactly to the tokens its indices name", later.span)
+        if errors:  # the first in the file
+            raise min(errors, key=lambda e: (e.span.line, e.span.column))
         d_k = sum(s.width for s in key)
         scale_stmt = seen.get("scale")
         softmax_scale = scale_stmt.value if scale_stmt else 1.0 / math.sqrt(d_k)
@@ -112,12 +133,26 @@ class _Checker:
             if not stmt.segments:
                 self.fail("the cache record has no segments", stmt.span)
             names: dict[str, st.SegmentDecl] = {}
+            scale_tensors: dict[str, st.SegmentDecl] = {}  # separate: tensor name -> its fp8 segment
             for seg in stmt.segments:
                 if seg.name.text in names:
                     self.fail(f"duplicate segment `{seg.name.text}` (first at line "
                               f"{names[seg.name.text].span.line})", seg.name.span)
+                if seg.name.text in scale_tensors:
+                    owner = scale_tensors[seg.name.text].name.text
+                    self.fail(f"segment `{seg.name.text}` has the name of the tensor that holds the "
+                              f"scales of `{owner}` in a separate cache", seg.name.span,
+                              "rename one of them")
                 names[seg.name.text] = seg
                 self.segment_decl(seg)
+                if stmt.separate and seg.scale is not None:
+                    tensor = scale_tensor_name(seg.name.text)
+                    if tensor in names:
+                        self.fail(f"the scales of `{seg.name.text}` are stored in a tensor named "
+                                  f"`{tensor}`, the name of the segment at line {names[tensor].span.line} "
+                                  "(a separate cache holds one tensor per name)", seg.scale.span,
+                                  "rename one of them")
+                    scale_tensors[tensor] = seg
         elif isinstance(stmt, st.QueryLen):
             if stmt.max_len.value < 1:
                 self.fail("`query len` must be at least 1", stmt.max_len.span)
@@ -168,6 +203,22 @@ class _Checker:
             segments.append(seg)
             offset += seg.bytes
         return tuple(segments)
+
+    def record_size(self, cache: st.Cache, segments) -> None:
+        for decl, seg in zip(cache.segments, segments):
+            end = seg.offset + seg.bytes
+            if end > KERNEL_INT_MAX:
+                self.fail(f"the record reaches {end} bytes per token at segment `{seg.name}`; "
+                          f"kernels address a record with 32-bit offsets (at most {KERNEL_INT_MAX})",
+                          decl.span)
+
+    def rows(self, heads: st.Heads, query) -> None:
+        """A sequence's query rows, s_q x h_q, are counted with 32-bit ints."""
+        max_len = query.max_len.value if query else 1
+        if heads.q.value * max_len > KERNEL_INT_MAX:
+            self.fail(f"{max_len} query tokens of {heads.q.value} heads are "
+                      f"{heads.q.value * max_len} rows per sequence; kernels count them with "
+                      f"32-bit ints (at most {KERNEL_INT_MAX})", (query or heads).span)
 
     def projection(self, proj: st.Projection, segments) -> tuple[Slice, ...]:
         by_name = {s.name: s for s in segments}
@@ -245,6 +296,11 @@ class _Checker:
                 if knob.count.value < 1:
                     self.fail("`stages` must be at least 1", knob.count.span)
                 knobs["stages"] = knob.count.value
+        target = knobs.get("target", Schedule.target)
+        for knob in ("seesaw", "crossover"):
+            if knobs.get(knob) and target != "sm90a":
+                self.fail(f"`{knob}` is a Hopper schedule and needs `target sm90a`, "
+                          f"not `{target}`", spans[knob])
         return Schedule(spans=tuple(spans.items()), **knobs)
 
 

@@ -34,11 +34,12 @@ class SpecError(Exception):
     """A parse or check error: `file:line:col: message`, the line, a caret, a hint."""
 
     def __init__(self, message: str, source: Source | None = None, span: Span | None = None,
-                 hint: str | None = None):
+                 hint: str | None = None, show_line: bool = True):
         self.message = message
         self.source = source
         self.span = span
         self.hint = hint
+        self.show_line = show_line  # False: a file that could not be read has no line to show
         super().__init__(self.render())
 
     @property
@@ -50,7 +51,7 @@ class SpecError(Exception):
 
     def render(self) -> str:
         text = f"{self.location}: {self.message}"
-        if self.source is not None and self.span is not None:
+        if self.source is not None and self.span is not None and self.show_line:
             line = self.source.line(self.span.line)
             width = 1
             if self.span.end_line == self.span.line:

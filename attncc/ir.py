@@ -31,6 +31,14 @@ SCALE_DTYPES = {"fp32": 4}
 SCALE_BYTES = SCALE_DTYPES["fp32"]
 
 
+KERNEL_INT_MAX = 2**31 - 1  # kernels count rows and address a record with 32-bit ints
+
+
+def scale_tensor_name(segment: str) -> str:
+    """A `separate` cache stores the scales of fp8 segment `segment` in this tensor."""
+    return f"{segment}_scale"
+
+
 @dataclass(frozen=True)
 class Segment:
     """One field of the per-token record. Packed layout: `copies` consecutive copies
@@ -56,6 +64,11 @@ class Segment:
     @property
     def copy_bytes(self) -> int:
         return self.values_bytes + self.scales_per_copy * SCALE_BYTES
+
+    @property
+    def scale_tensor(self) -> str:
+        """In a `separate` cache, the name of the tensor holding this segment's scales."""
+        return scale_tensor_name(self.name)
 
     @property
     def head_stride(self) -> int:

@@ -73,9 +73,10 @@ class Kernel:
         """A zeroed cache: one tensor (packed) or {segment: tensor} (separate)."""
         return storage.new_cache(self.spec, num_pages, device)
 
-    def write_cache(self, cache, slots: torch.Tensor, **segments: torch.Tensor) -> None:
+    def write_cache(self, cache, slots: torch.Tensor, /, **segments: torch.Tensor) -> None:
         """Write each token's record at `slots` (page * P + offset); each segment is
-        [n, kv_heads, dim] ([n, dim] if shared); fp8 segments are quantized per group."""
+        [n, kv_heads, dim] ([n, dim] if shared); fp8 segments are quantized per group.
+        cache and slots are positional: a segment may be named `cache`, `slots` or `self`."""
         validate.write_arguments(self.spec, cache, slots, segments)
         values = {name: t if not self.spec.segment(name).shared else t[:, None]
                   for name, t in segments.items()}

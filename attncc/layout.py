@@ -4,6 +4,7 @@ cache element once, in record order, into one 16-bit row per token), where the k
 value sit in that row, and the raw row an fp8 record is copied into before dequantization."""
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from . import storage
@@ -110,7 +111,7 @@ def _sources(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[SourcePlan, .
             if spec.separate:
                 tensor, base, head = index[seg.name], lo * elt, 0 if seg.shared else seg.values_bytes
                 if seg.scale_group:
-                    scale = ScalePlan(index[storage.scale_name(seg)], 0,
+                    scale = ScalePlan(index[seg.scale_tensor], 0,
                                       0 if seg.shared else seg.scales_per_copy * SCALE_BYTES,
                                       seg.scale_group, first, count)
             else:
@@ -127,11 +128,16 @@ def _sources(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[SourcePlan, .
 
 
 def _runs(pieces, sources) -> tuple[tuple[int, int], ...]:
-    """Key or value as runs of staged columns; adjacent runs merged."""
+    """Key or value as runs of staged columns; adjacent runs merged. Linear in the pieces
+    (each found among its segment's sources by bisection)."""
+    by_segment: dict[str, list[SourcePlan]] = {}
+    for s in sources:  # in seg_lo order within a segment
+        by_segment.setdefault(s.segment, []).append(s)
+    starts = {name: [s.seg_lo for s in srcs] for name, srcs in by_segment.items()}
     runs: list[list[int]] = []
     for piece in pieces:
-        src = next(s for s in sources if s.segment == piece.segment
-                   and s.seg_lo <= piece.lo and piece.hi <= s.seg_lo + s.width)
+        src = by_segment[piece.segment][bisect.bisect_right(starts[piece.segment], piece.lo) - 1]
+        assert src.seg_lo <= piece.lo and piece.hi <= src.seg_lo + src.width
         col = src.smem_col + piece.lo - src.seg_lo
         if runs and runs[-1][0] + runs[-1][1] == col:
             runs[-1][1] += piece.width

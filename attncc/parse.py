@@ -14,7 +14,7 @@ from .resources import GRAMMAR_DIR
 
 # How terminals read in "expected ..." messages.
 _TERMINAL_TEXT = {"NAME": "a name", "INT": "an integer", "NUMBER": "a number",
-                  "$END": "end of file"}
+                  "$END": "end of file", "SHARED": "`shared`", "_SCALE": "`scale`"}
 MAX_INT = 2**31 - 1  # every count in a spec becomes a C int in the kernel
 # Words that may follow a segment's `dtype[dim]`: a typo of one reads as a new segment's name.
 SEGMENT_SUFFIXES = ("shared", "scale")

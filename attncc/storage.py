@@ -14,10 +14,6 @@ def torch_dtype(dtype) -> torch.dtype:
     return getattr(torch, dtype.torch_name)
 
 
-def scale_name(segment: Segment) -> str:
-    return f"{segment.name}_scale"
-
-
 def tensor_layouts(spec: Spec, num_pages: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Name → (shape, dtype) of every cache tensor the spec stores."""
     P = spec.page_size
@@ -31,7 +27,7 @@ def tensor_layouts(spec: Spec, num_pages: int) -> dict[str, tuple[tuple[int, ...
         heads = () if seg.shared else (seg.copies,)
         layouts[seg.name] = ((num_pages, P, *heads, seg.dim), torch_dtype(seg.dtype))
         if seg.scale_group:
-            layouts[scale_name(seg)] = ((num_pages, P, *heads, seg.scales_per_copy), torch.float32)
+            layouts[seg.scale_tensor] = ((num_pages, P, *heads, seg.scales_per_copy), torch.float32)
     return layouts
 
 
@@ -84,7 +80,7 @@ def write(spec: Spec, cache, slots: torch.Tensor, values: dict[str, torch.Tensor
             # a shared segment's tensor has no head axis: drop the single copy
             _flat_slots(tensors[seg.name])[slots] = stored.squeeze(1) if seg.shared else stored
             if scales is not None:
-                target = _flat_slots(tensors[scale_name(seg)])
+                target = _flat_slots(tensors[seg.scale_tensor])
                 target[slots] = scales.squeeze(1) if seg.shared else scales
             continue
         record = [stored.contiguous().view(torch.uint8)]
@@ -113,7 +109,7 @@ def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32,
             values = _flat_slots(tensors[seg.name])[slots].to(dtype)
             values = values.view(len(slots), seg.copies, seg.dim)
             if seg.scale_group:
-                scales = _flat_slots(tensors[scale_name(seg)])[slots].to(dtype)
+                scales = _flat_slots(tensors[seg.scale_tensor])[slots].to(dtype)
                 values = values * scales.view(len(slots), seg.copies, seg.scales_per_copy).repeat_interleave(
                     seg.scale_group, dim=-1)
                 values = _round(values, dequant_dtype)

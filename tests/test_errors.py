@@ -399,3 +399,142 @@ def test_more_garbage_is_positioned(text):
     m = re.match(r"<string>:(\d+):(\d+): \S", str(err))
     assert m, str(err)
     assert_rendering(err, text, int(m[1]), int(m[2]))
+
+
+# --- edges: files, encodings, order, names, limits (the hardening issue) ------------------------
+
+BASE = """attention t {
+    heads q = 2, kv = 1
+    cache paged(4) { k: bf16[16]  v: bf16[16] }
+    key = k
+    value = v
+}
+"""
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    path = tmp_path / "bom.attn"
+    path.write_bytes(b"\xef\xbb\xbf" + BASE.encode())
+    assert attncc.compile(path).name == "t"
+    assert attncc.compile("\ufeff" + BASE).name == "t"
+    path.write_bytes(b"\xef\xbb\xbf" + BASE.replace("kv = 1", "kv = 3").encode())
+    with pytest.raises(SpecError) as info:
+        attncc.compile(path)
+    assert str(info.value).startswith(f"{path}:2:23: ")  # columns as an editor shows them
+
+
+def test_bytes_that_are_not_utf8_are_positioned(tmp_path):
+    path = tmp_path / "latin1.attn"
+    path.write_bytes(BASE.replace("value = v", "value = v  # d\xe9j\xe0 vu").encode("latin-1"))
+    with pytest.raises(SpecError) as info:
+        attncc.compile(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}:5:19: not UTF-8 text: byte 0xe9"), text
+    assert "save the spec as UTF-8" in text and "^" in text
+
+
+@pytest.mark.parametrize("what", ["missing", "directory"])
+def test_a_file_that_cannot_be_read_is_file_line_col(tmp_path, what):
+    path = tmp_path / "spec.attn"
+    if what == "directory":
+        path.mkdir()
+    with pytest.raises(SpecError) as info:
+        attncc.compile(path)
+    expected = "no such spec file" if what == "missing" else "is a directory, not a spec file"
+    assert str(info.value) == f"{path}:1:1: {expected}"
+
+
+def test_errors_follow_the_file_across_blocks():
+    text = ("schedule t {\n    tile q = 0, kv = 64\n}\n" + BASE.replace("kv = 1", "kv = 3"))
+    with pytest.raises(SpecError) as info:
+        attncc.compile(text)
+    assert (info.value.span.line, info.value.span.column) == (2, 14), str(info.value)
+    text = BASE.replace("kv = 1", "kv = 3") + "attention u {\n}\n"
+    with pytest.raises(SpecError) as info:
+        attncc.compile(text)
+    assert info.value.span.line == 2, "the first attention's error, not the second block's"
+
+
+def test_cross_statement_errors_report_the_first_in_the_file():
+    # the key reads an unknown segment (line 4); the dtypes conflict (line 3, earlier)
+    text = BASE.replace("v: bf16[16]", "v: fp16[16]").replace("key = k", "key = nope")
+    with pytest.raises(SpecError) as info:
+        attncc.compile(text)
+    assert info.value.span.line == 3 and "16-bit dtype" in info.value.message
+    text = BASE.replace("key = k", "key = nope")
+    with pytest.raises(SpecError) as info:
+        attncc.compile(text)
+    assert info.value.span.line == 4 and "unknown segment" in info.value.message
+
+
+def test_a_long_name_is_an_error_at_the_name():
+    name = "n" * 253
+    with pytest.raises(SpecError) as info:
+        attncc.compile(BASE.replace("attention t", f"attention {name}").replace("", ""))
+    assert (info.value.span.line, info.value.span.column) == (1, 11)
+    assert "at most 200" in info.value.message
+    assert attncc.compile(BASE.replace("attention t", "attention " + "n" * 200)).name == "n" * 200
+
+
+@pytest.mark.parametrize("order", ["fp8 first", "name first"])
+def test_a_segment_named_like_another_segments_scales_is_an_error(order):
+    fp8, other = "k: e4m3[128] scale fp32 per 128", "k_scale: bf16[128]"
+    segments = f"{fp8}\n        {other}" if order == "fp8 first" else f"{other}\n        {fp8}"
+    text = (f"attention t {{\n    heads q = 2, kv = 1\n    cache paged(16) separate {{\n        "
+            f"{segments}\n        v: bf16[128]\n    }}\n    key = k_scale\n    value = v\n}}\n")
+    with pytest.raises(SpecError) as info:
+        attncc.compile(text)
+    exc = info.value
+    assert "k_scale" in exc.message and "scales" in exc.message and exc.span.line == 5
+    if order == "fp8 first":
+        assert exc.span.column == 9, "at the second segment's name"
+    else:
+        assert text.split("\n")[4][exc.span.column - 1:].startswith("scale fp32"), "at k's scales"
+    # packed, the names do not collide
+    attncc.compile(text.replace(" separate", ""))
+
+
+@pytest.mark.parametrize("heads, query, line, words", [
+    ("heads q = 2147483647, kv = 2147483647", "", 3, "32-bit offsets"),
+    ("heads q = 1073741824, kv = 1", "    query len <= 4\n", 6, "32-bit ints"),
+])
+def test_counts_past_the_kernels_int_are_errors_naming_the_limit(heads, query, line, words):
+    text = BASE.replace("heads q = 2, kv = 1", heads).replace("    value = v\n", "    value = v\n" + query)
+    with pytest.raises(SpecError) as info:
+        attncc.compile(text)
+    assert info.value.span.line == line and words in info.value.message
+    assert "2147483647" in info.value.message
+
+
+KEYWORDS_AND_API_WORDS = ["shared", "scale", "cache", "slots", "self", "key", "value", "q", "kv",
+                          "per", "heads", "paged", "separate", "query", "len", "causal", "tokens",
+                          "topk", "attention", "schedule", "tile", "stages"]
+
+
+@pytest.mark.parametrize("name", KEYWORDS_AND_API_WORDS)
+def test_every_name_the_grammar_accepts_names_a_usable_segment(name):
+    import torch
+
+    text = f"""attention t {{
+    heads q = 2, kv = 1
+    cache paged(4) {{
+        v: bf16[16] shared
+        {name}: bf16[16]
+        w: e4m3[16] scale fp32 per 16
+    }}
+    key = {name} ++ v
+    value = v ++ w
+    scale 0.5
+}}"""
+    k = attncc.compile(text)
+    assert [s.name for s in k.spec.segments] == ["v", name, "w"]
+    assert k.spec.segment("v").shared and k.spec.segment("w").scale_group == 16
+    assert k.spec.softmax_scale == 0.5
+    cache = k.new_cache(2, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    values = {"v": torch.randn(5, 16, generator=gen), name: torch.randn(5, 1, 16, generator=gen),
+              "w": torch.randn(5, 1, 16, generator=gen)}
+    k.write_cache(cache, torch.arange(5), **values)
+    q = torch.randn(1, 1, 2, 32, generator=gen).to(torch.bfloat16)
+    out, lse = k(q, cache, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([5], dtype=torch.int32))
+    assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
