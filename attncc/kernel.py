@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import reference, storage, validate
+from . import devicecheck, reference, storage, validate
 from .errors import SpecError
 from .explain import explain
 from .ir import Spec
@@ -21,6 +21,7 @@ class Kernel:
     def __init__(self, spec: Spec):
         self.spec = spec
         self._op = self._plan = self._plan_error = None
+        self._flags = devicecheck.DeviceFlags()
         try:
             self._plan = lower(spec)
         except SpecError as exc:
@@ -76,26 +77,57 @@ class Kernel:
     def write_cache(self, cache, slots: torch.Tensor, /, **segments: torch.Tensor) -> None:
         """Write each token's record at `slots` (page * P + offset); each segment is
         [n, kv_heads, dim] ([n, dim] if shared); fp8 segments are quantized per group.
+        A slot of -1 is skipped. No host sync on the device (a slot out of range is skipped
+        and flagged for k.check()); on CPU, or with ATTNCC_CHECK=1, it raises at once.
         cache and slots are positional: a segment may be named `cache`, `slots` or `self`."""
-        validate.write_arguments(self.spec, cache, slots, segments)
+        num_slots = validate.write_arguments(self.spec, cache, slots, segments)
+        if slots.device.type == "cpu" or devicecheck.synchronous():
+            validate.slot_values(slots, num_slots)
         values = {name: t if not self.spec.segment(name).shared else t[:, None]
                   for name, t in segments.items()}
-        storage.write(self.spec, cache, slots, values)
+        written = storage.write(self.spec, cache, slots, values)
+        if slots.device.type != "cpu" and slots.numel():
+            self._flags.record((~written & (slots != -1)).any(), 1)
+
+    def check(self) -> None:
+        """Raise (ValueError naming the argument) the first bad value a call on the device
+        found and skipped since the last check; then clear. Reads the device: a host sync."""
+        self._flags.check()
 
     # --- call ------------------------------------------------------------------------------
     def __call__(self, q, cache, block_table=None, seqlens=None, *, indices=None, scale=None,
-                 metadata=None):
-        """out [b, s_q, h_q, d_v], lse [b, h_q, s_q]. `metadata` from k.plan(seqlens)
-        fixes the split count for a decode step; without it the count comes from shapes."""
+                 metadata=None, out=None, lse=None, return_lse=True, num_splits=None):
+        """out [b, s_q, h_q, d_v], lse [b, h_q, s_q] (just out with return_lse=False).
+        `out=` and `lse=` are written instead of new tensors. `metadata` from k.plan(seqlens)
+        fixes the split count for a decode step, `num_splits=` sets it; without either it comes
+        from shapes."""
         validate.call_arguments(self.spec, q, cache, block_table, seqlens, indices,
                                 check_values=not _capturing_or_compiling())
+        validate.outputs(self.spec, q, out, lse)
+        splits = validate.num_splits(num_splits)
         if scale is not None:
             scale = validate.softmax_scale(scale)
         from .ops import cache_list
 
         if q.device.type == "cpu" and self._plan is None:
-            out, lse = reference.attention(self.spec, q, cache, block_table, seqlens, indices, scale)
-            return out.to(q.dtype), lse.float()
+            ref_out, ref_lse = reference.attention(self.spec, q, cache, block_table, seqlens, indices, scale)
+            ref_out, ref_lse = ref_out.to(q.dtype), ref_lse.float()
+            if out is not None:
+                ref_out = out.copy_(ref_out)
+            if lse is not None:
+                ref_lse = lse.copy_(ref_lse)
+            return (ref_out, ref_lse) if return_lse else ref_out
         scale = self.spec.softmax_scale if scale is None else scale
-        splits = metadata.num_splits if metadata is not None else 0
-        return self.op(q, cache_list(self.spec, cache), block_table, seqlens, indices, scale, splits)
+        if not splits and metadata is not None:
+            splits = metadata.num_splits
+        args = (q, cache_list(self.spec, cache), block_table, seqlens, indices, scale, splits)
+        if out is None and lse is None:
+            result_out, result_lse = self.op(*args)
+        else:
+            if out is None:
+                out = q.new_empty(q.shape[0], q.shape[1], self.spec.heads_q, self.spec.d_v)
+            if lse is None:  # the kernels always write an lse: a scratch one
+                lse = q.new_empty(q.shape[0], self.spec.heads_q, q.shape[1], dtype=torch.float32)
+            self.op.into(*args, out, lse)
+            result_out, result_lse = out, lse
+        return (result_out, result_lse) if return_lse else result_out

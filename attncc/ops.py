@@ -35,7 +35,8 @@ def _aligned(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
-                 scale: float, splits: int = 0):
+                 scale: float, splits: int = 0, out=None, lse=None):
+    """One launch; writes into out and lse when given (checked by the caller), else new ones."""
     scale = validate.softmax_scale(scale)  # the op may be called without the Kernel
     q = _aligned("q", q.contiguous())
     cache = [_aligned(f"cache tensor {i}", t) for i, t in enumerate(cache)]
@@ -44,8 +45,10 @@ def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, i
     seqlens = None if seqlens is None else seqlens.contiguous()
     indices = None if indices is None else indices.contiguous()
     batch, s_q = q.shape[:2]
-    out = torch.empty(batch, s_q, plan.heads_q, plan.d_v, dtype=q.dtype, device=q.device)
-    lse = torch.empty(batch, plan.heads_q, s_q, dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty(batch, s_q, plan.heads_q, plan.d_v, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(batch, plan.heads_q, s_q, dtype=torch.float32, device=q.device)
     if batch == 0:
         return out, lse
     splits, parts = _schedule(plan, library, batch, s_q, block_table, splits, q.device.index or 0)
@@ -99,13 +102,16 @@ def op_for(spec: Spec, plan: Plan):
             libraries["lib"] = Library(build(plan))
         return libraries["lib"]
 
+    def cpu(q, cache, block_table, seqlens, indices, scale):
+        cache_arg = dict(zip(storage.tensor_layouts(spec, 1), cache)) if spec.separate else cache[0]
+        out, lse = reference.attention(spec, q, cache_arg, block_table, seqlens, indices, scale)
+        return out.to(q.dtype), lse.float()
+
     @torch.library.custom_op(qualname, mutates_args=())
     def attention(q: torch.Tensor, cache: list[torch.Tensor], block_table: Optional[torch.Tensor],
                   seqlens: Optional[torch.Tensor], indices: Optional[torch.Tensor],
                   scale: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-        cache_arg = dict(zip(storage.tensor_layouts(spec, 1), cache)) if spec.separate else cache[0]
-        out, lse = reference.attention(spec, q, cache_arg, block_table, seqlens, indices, scale)
-        return out.to(q.dtype), lse.float()
+        return cpu(q, cache, block_table, seqlens, indices, scale)
 
     @attention.register_kernel("cuda")
     def _(q, cache, block_table, seqlens, indices, scale, num_splits):
@@ -118,6 +124,25 @@ def op_for(spec: Spec, plan: Plan):
         return (q.new_empty(batch, s_q, spec.heads_q, spec.d_v),
                 q.new_empty(batch, spec.heads_q, s_q, dtype=torch.float32))
 
+    # the same call into preallocated outputs (k(..., out=, lse=))
+    @torch.library.custom_op(qualname + "_into", mutates_args=("out", "lse"))
+    def attention_into(q: torch.Tensor, cache: list[torch.Tensor], block_table: Optional[torch.Tensor],
+                       seqlens: Optional[torch.Tensor], indices: Optional[torch.Tensor],
+                       scale: float, num_splits: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+        ref_out, ref_lse = cpu(q, cache, block_table, seqlens, indices, scale)
+        out.copy_(ref_out)
+        lse.copy_(ref_lse)
+
+    @attention_into.register_kernel("cuda")
+    def _(q, cache, block_table, seqlens, indices, scale, num_splits, out, lse):
+        cuda_forward(plan, library(), q, cache, block_table, seqlens, indices, scale, num_splits,
+                     out=out, lse=lse)
+
+    @attention_into.register_fake
+    def _(q, cache, block_table, seqlens, indices, scale, num_splits, out, lse):
+        return None
+
+    attention.into = attention_into
     attention.library = library  # for build-ahead (Kernel.build) and benchmarks
     _OPS[qualname] = attention
     return attention

@@ -70,25 +70,45 @@ def _encode(segment: Segment, values: torch.Tensor):
     return values.to(torch_dtype(segment.dtype)), None
 
 
-def write(spec: Spec, cache, slots: torch.Tensor, values: dict[str, torch.Tensor]) -> None:
-    """Store every segment's values [n, copies, dim] at the given token slots."""
+def write(spec: Spec, cache, slots: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Store every segment's values [n, copies, dim] at the given token slots. A slot outside
+    [0, num_pages * P) (-1 is how engines pad) is skipped. Returns the mask of the slots
+    written. Reads no value on the host: no sync, so it can be captured in a CUDA graph."""
     slots = slots.long()
+    valid = (slots >= 0) & (slots < num_pages(cache) * spec.page_size)
+    if slots.numel() == 0:
+        return valid
+    # A skipped entry writes again what another entry writes: the first valid entry's row to
+    # its slot or, when none is valid, slot 0's own content back to slot 0. Duplicate indices
+    # with identical values give one result, whatever order the scatter takes.
+    # (indices are 1-element tensors, never 0-dim ones: indexing with a 0-dim tensor reads it)
+    first = torch.argmax(valid.int()).view(1)
+    anything = valid.any()
+    fallback = torch.where(anything, slots.index_select(0, first), 0)
+    index = torch.where(valid, slots, fallback)
+
+    def put(target: torch.Tensor, rows: torch.Tensor) -> None:  # target[slots] = rows, masked
+        again = torch.where(anything, rows.index_select(0, first),
+                            target.index_select(0, fallback).to(rows.dtype))
+        keep = valid.view(-1, *([1] * (rows.dim() - 1)))
+        target.index_put_((index,), torch.where(keep, rows, again))
+
     for seg in spec.segments:
         stored, scales = _encode(seg, values[seg.name])
         if spec.separate:
             tensors = cache_tensors(cache)
             # a shared segment's tensor has no head axis: drop the single copy
-            _flat_slots(tensors[seg.name])[slots] = stored.squeeze(1) if seg.shared else stored
+            put(_flat_slots(tensors[seg.name]), stored.squeeze(1) if seg.shared else stored)
             if scales is not None:
-                target = _flat_slots(tensors[seg.scale_tensor])
-                target[slots] = scales.squeeze(1) if seg.shared else scales
+                put(_flat_slots(tensors[seg.scale_tensor]), scales.squeeze(1) if seg.shared else scales)
             continue
         record = [stored.contiguous().view(torch.uint8)]
         if scales is not None:
             record.append(scales.contiguous().view(torch.uint8))
         copy_bytes = torch.cat(record, dim=-1)  # [n, copies, values + scales]
         assert copy_bytes.shape[-1] == seg.copy_bytes
-        _record_bytes(spec, cache)[slots, seg.offset: seg.offset + seg.bytes] = copy_bytes.flatten(1)
+        put(_record_bytes(spec, cache)[:, seg.offset: seg.offset + seg.bytes], copy_bytes.flatten(1))
+    return valid
 
 
 def _flat_slots(tensor: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,12 @@ def _describe(t: torch.Tensor) -> str:
 
 
 def _expect_tensor(name: str, t, shape, dtype: torch.dtype, device) -> None:
-    """shape: a tuple of ints and None (any size)."""
+    """shape: a tuple of ints and None (any size). Messages are formatted only on failure:
+    under torch.compile the sizes are symbolic, and formatting one is a graph break."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
     if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name}: expected shape {want}, got {_describe(t)}")
     if t.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {str(dtype).removeprefix('torch.')}, "
@@ -128,12 +129,40 @@ def call_arguments(spec: Spec, q, cache, block_table, seqlens, indices,
                          f"a page of the cache (0..{pages - 1})")
 
 
+def outputs(spec: Spec, q: torch.Tensor, out, lse) -> None:
+    """Preallocated outputs (`out=`, `lse=`): shape, dtype, device, and rows the kernels can
+    write (contiguous, 16-byte aligned)."""
+    batch, s_q = q.shape[:2]
+    for name, t, shape, dtype in (("out", out, (batch, s_q, spec.heads_q, spec.d_v), q.dtype),
+                                  ("lse", lse, (batch, spec.heads_q, s_q), torch.float32)):
+        if t is None:
+            continue
+        _expect_tensor(name, t, shape, dtype, q.device)
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor (the kernels write whole rows), "
+                             f"got strides {t.stride()}")
+        if t.device.type == "cuda" and t.data_ptr() % 16:
+            raise ValueError(f"{name}: expected a 16-byte aligned tensor (a view at element offset "
+                             f"{t.storage_offset()} is not)")
+
+
+def num_splits(value) -> int:
+    """The call's `num_splits=`: None (choose) or a positive int."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"num_splits: expected a positive int (splits per sequence) or None, got {value!r}")
+    return value
+
+
 def _read_back(*scalars: torch.Tensor) -> list[int]:
     """Device scalars to Python ints in one copy: one host sync per call, not one each."""
     return torch.stack([x.long() for x in scalars]).tolist()
 
 
-def write_arguments(spec: Spec, cache, slots, values: dict) -> None:
+def write_arguments(spec: Spec, cache, slots, values: dict) -> int:
+    """Check write_cache's arguments from metadata alone; returns the cache's slot count (the
+    slots' values are checked where they are used: storage.write skips what is out of range)."""
     pages = cache_pages(spec, cache)
     device = next(iter(storage.cache_tensors(cache).values())).device
     if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype.is_floating_point \
@@ -150,12 +179,19 @@ def write_arguments(spec: Spec, cache, slots, values: dict) -> None:
         raise TypeError(f"write_cache: missing segment(s) {missing}: every segment of a "
                         "token's record is written together")
     n = slots.shape[0]
-    if n and (int(slots.min()) < 0 or int(slots.max()) >= pages * spec.page_size):
-        raise ValueError(f"slots: expected values in [0, {pages * spec.page_size}), got "
-                         f"[{int(slots.min())}, {int(slots.max())}]")
     for seg in spec.segments:
         t = values[seg.name]
         shape = (n, seg.dim) if seg.shared else (n, spec.heads_kv, seg.dim)
         if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
             raise TypeError(f"{seg.name}: expected a floating-point tensor of shape {list(shape)}")
         _expect_tensor(seg.name, t, shape, t.dtype, device)
+    return pages * spec.page_size
+
+
+def slot_values(slots: torch.Tensor, num_slots: int) -> None:
+    """Synchronous check of write_cache's slots (CPU, or ATTNCC_CHECK=1)."""
+    bad = (slots < -1) | (slots >= num_slots)
+    if bool(bad.any()):
+        wrong = slots[bad]
+        raise ValueError(f"slots: expected values in [0, {num_slots}) or -1 (skipped), got values in "
+                         f"[{int(wrong.min())}, {int(wrong.max())}]")

@@ -11,7 +11,7 @@ import torch
 
 import attncc
 import attncc.storage
-from attncc import reference
+from attncc import reference, storage
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -447,7 +447,7 @@ BAD_WRITES = {
                        lambda s, v: (s, dict(v, latent=torch.ones(3, 2, 8, dtype=torch.int32)))),
     "values not a tensor": ("rope", TypeError, lambda s, v: (s, dict(v, rope=v["rope"].tolist()))),
     "slot too big": ("slots", ValueError, lambda s, v: (torch.tensor([0, 3, 8]), v)),
-    "slot negative": ("slots", ValueError, lambda s, v: (torch.tensor([0, -1, 7]), v)),
+    "slot negative": ("slots", ValueError, lambda s, v: (torch.tensor([0, -2, 7]), v)),
     "float slots": ("slots", TypeError, lambda s, v: (s.float(), v)),
     "bool slots": ("slots", TypeError, lambda s, v: (torch.tensor([True, False, True]), v)),
     "2-D slots": ("slots", TypeError, lambda s, v: (s[None], v)),
@@ -499,3 +499,90 @@ def test_write_cache_no_slots_is_a_no_op(text):
     kernel.write_cache(cache, torch.zeros(0, dtype=torch.long), **values)
     for k, v in attncc.storage.cache_tensors(cache).items():
         assert torch.equal(v.view(torch.uint8), before[k].view(torch.uint8)), k
+
+
+# --- write_cache inside a serving engine: -1 skipped, no host sync (DESIGN.md §3a) ---------------
+
+PACKED_FP8 = """attention pk {
+    heads q = 4, kv = 2
+    cache paged(4) { c: e4m3[32] scale fp32 per 16  r: bf16[16] shared }
+    key = c ++ r
+    value = c
+}"""
+
+
+@pytest.mark.parametrize("text", [SEPARATE, PACKED_FP8])
+def test_write_cache_skips_slot_minus_one(text):
+    kernel = attncc.compile(text)
+    cache = kernel.new_cache(3, device="cpu")
+    gen = torch.Generator().manual_seed(1)
+
+    def values(n):
+        return {s.name: torch.randn(n, *(() if s.shared else (kernel.spec.heads_kv,)), s.dim, generator=gen)
+                for s in kernel.spec.segments}
+
+    first = values(4)
+    kernel.write_cache(cache, torch.tensor([5, 0, 11, 6]), **first)
+    before = {k: t.clone() for k, t in storage.cache_tensors(cache).items()}
+    padded = values(5)
+    kernel.write_cache(cache, torch.tensor([-1, 2, -1, 9, -1]), **padded)
+    expected = {k: t.clone() for k, t in before.items()}
+    reference = {k: t.clone() for k, t in before.items()}
+    reference = reference if kernel.spec.separate else reference[storage.PACKED_NAME]
+    storage.write(kernel.spec, reference, torch.tensor([2, 9]),
+                  {n: (v if not kernel.spec.segment(n).shared else v[:, None])[[1, 3]] for n, v in padded.items()})
+    for name, t in storage.cache_tensors(cache).items():
+        assert torch.equal(t.view(torch.uint8), storage.cache_tensors(reference)[name].view(torch.uint8)), name
+    # every slot but 2 and 9 is as it was: nothing landed where -1 pointed
+    changed = {name: (t.view(torch.uint8) != expected[name].view(torch.uint8)).flatten(2).any(-1).flatten()
+               for name, t in storage.cache_tensors(cache).items()}
+    for name, rows in changed.items():
+        assert set(rows.nonzero().flatten().tolist()) <= {2, 9}, name
+    kernel.write_cache(cache, torch.tensor([-1, -1]), **values(2))  # only padding: no change
+    for name, t in storage.cache_tensors(cache).items():
+        assert torch.equal(t, storage.cache_tensors(reference)[name]), name
+
+
+def _meta(x):
+    return {k: _meta(v) for k, v in x.items()} if isinstance(x, dict) else x.to("meta")
+
+
+@pytest.mark.parametrize("text", [SEPARATE, PACKED_FP8])
+def test_write_cache_reads_no_value_on_the_host(text):
+    """On the meta device a tensor has no values: any read of one (a host sync on CUDA:
+    .item(), int(), a boolean mask, nonzero) raises. storage.write runs there."""
+    kernel = attncc.compile(text)
+    cache = _meta(kernel.new_cache(3, device="cpu"))
+    slots = torch.tensor([3, -1, 7]).to("meta")
+    values = {s.name: torch.randn(3, *(() if s.shared else (kernel.spec.heads_kv,)), s.dim).to("meta")
+              for s in kernel.spec.segments}
+    values = {n: v if not kernel.spec.segment(n).shared else v[:, None] for n, v in values.items()}
+    written = storage.write(kernel.spec, cache, slots, values)
+    assert written.device.type == "meta" and written.shape == (3,)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        int(written.any())  # the meta device does refuse a read
+
+
+def test_device_flags_record_without_a_sync_and_check_raises_naming_the_argument():
+    from attncc.devicecheck import DeviceFlags
+
+    flags = DeviceFlags()
+    flags.record(torch.tensor(False), 1)
+    flags.check()  # nothing recorded
+    flags.record(torch.tensor(True), 1)
+    with pytest.raises(ValueError, match="^slots: write_cache got a slot outside"):
+        flags.check()
+    flags.check()  # cleared
+    meta = DeviceFlags()
+    meta.record(torch.tensor(True).to("meta"), 1)  # recording reads nothing
+
+
+def test_attncc_check_makes_calls_check_at_once(monkeypatch):
+    from attncc import devicecheck
+
+    monkeypatch.delenv("ATTNCC_CHECK", raising=False)
+    assert not devicecheck.synchronous()
+    monkeypatch.setenv("ATTNCC_CHECK", "1")
+    assert devicecheck.synchronous()
+    monkeypatch.setenv("ATTNCC_CHECK", "0")
+    assert not devicecheck.synchronous()

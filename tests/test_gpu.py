@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attncc
-from attncc import testing
+from attncc import storage, testing
 from attncc.ops import cache_list
 
 from specs import all_specs
@@ -194,3 +194,77 @@ def test_misaligned_q_view_is_refused_and_row_strided_block_table_works(kernels)
     narrow = wide[:, :case.block_table.shape[1]]  # rows strided by the wider table
     out, lse = k(case.q, case.cache, narrow, case.seqlens)
     assert testing.compare(k.spec, case, out, lse).ok
+
+
+# --- inside a serving engine (DESIGN.md §3a) -------------------------------------------------------
+
+def test_out_and_lse_in_place_on_cuda(kernels):
+    k = kernels["mla"]
+    case = testing.random_case(k.spec, [900, 64, 17], 2, seed=31)
+    want_out, want_lse = _run(k, case)
+    out = torch.full_like(want_out, float("nan"))
+    lse = torch.full_like(want_lse, float("nan"))
+    got = k(case.q, case.cache, case.block_table, case.seqlens, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    alone = k(case.q, case.cache, case.block_table, case.seqlens, out=torch.empty_like(out), return_lse=False)
+    assert torch.equal(alone, want_out)
+    split = k(case.q, case.cache, case.block_table, case.seqlens, num_splits=3)
+    assert testing.compare(k.spec, case, *split).ok
+
+
+@pytest.mark.parametrize("name", ["mla", "mla_fp8_sparse", "gqa8_separate"])
+def test_write_cache_on_cuda_skips_minus_one_without_a_sync(kernels, name):
+    k = kernels[name]
+    spec = k.spec
+    cache = k.new_cache(4)
+    testing.fill_nan(cache)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    n = 9
+    values = {s.name: torch.randn(n, *(() if s.shared else (spec.heads_kv,)), s.dim, device="cuda", generator=gen)
+              for s in spec.segments}
+    slots = torch.tensor([3, -1, 0, 17, -1, 40, 5, -1, 2], device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        k.write_cache(cache, slots, **values)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    k.check()  # -1 is padding, not an error
+    keep = (slots >= 0).cpu()
+    got = storage.read(spec, cache, slots[slots >= 0])
+    cpu_cache = {n_: t.cpu() for n_, t in storage.cache_tensors(k.new_cache(4)).items()}
+    cpu_cache = cpu_cache if spec.separate else cpu_cache[storage.PACKED_NAME]
+    storage.write(spec, cpu_cache, slots.cpu()[keep],
+                  {n_: (v if not spec.segment(n_).shared else v[:, None]).cpu()[keep] for n_, v in values.items()})
+    want = storage.read(spec, cpu_cache, slots.cpu()[keep])
+    for seg in spec.segments:
+        assert torch.equal(got[seg.name].cpu(), want[seg.name]), seg.name
+    bad = torch.tensor([1, 10_000], device="cuda")
+    k.write_cache(cache, bad, **{n_: v[:2] for n_, v in values.items()})  # no error here: on the device
+    with pytest.raises(ValueError, match="^slots: write_cache got a slot outside"):
+        k.check()
+
+
+def test_write_cache_and_attention_in_one_cuda_graph(kernels):
+    k = kernels["mla"]
+    spec = k.spec
+    case = testing.random_case(spec, [300, 77], 1, seed=41)
+    new = {s.name: torch.randn(2, spec.heads_kv, s.dim, device="cuda") for s in spec.segments}
+    slots = torch.tensor([-1, -1], device="cuda")
+    k.write_cache(case.cache, slots, **new)
+    _run(k, case)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        k.write_cache(case.cache, slots, **new)
+        out, lse = _run(k, case)
+    # the step's new tokens: the last position of each sequence
+    last = case.seqlens.long() - 1
+    page = case.block_table.gather(1, (last // spec.page_size)[:, None]).squeeze(1).long()
+    slots.copy_(page * spec.page_size + last % spec.page_size)
+    for t in new.values():
+        t.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert testing.compare(spec, case, out, lse).ok, "the replayed write is what the attention read"

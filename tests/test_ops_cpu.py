@@ -315,3 +315,109 @@ def test_launch_schedule_comes_from_shapes(monkeypatch):
     assert not split.balanced(gqa)
     expected = split.num_splits(gqa, 3, 1, 128 * gqa.page_size, 132)
     assert ops._schedule(gqa, Library(4), 3, 1, table[:3], 0, 0) == (expected, 0)
+
+
+# --- inside a serving engine (DESIGN.md §3a): preallocated outputs, split counts, shapes --------
+
+@pytest.mark.parametrize("which", ["mla", "sparse", "separate"])
+def test_out_and_lse_are_written_in_place(which):
+    k = attncc.compile(SPECS[which])
+    case, _ = op_args(k)
+    want_out, want_lse = k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices)
+    b, s_q = case.q.shape[:2]
+    out = torch.full((b, s_q, k.spec.heads_q, k.spec.d_v), float("nan"), dtype=case.q.dtype)
+    lse = torch.full((b, k.spec.heads_q, s_q), float("nan"))
+    got = k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    only = torch.zeros_like(out)
+    got = k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices, out=only,
+            return_lse=False)
+    assert got is only and torch.equal(only, want_out)
+    alone = k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices, return_lse=False)
+    assert isinstance(alone, torch.Tensor) and torch.equal(alone, want_out)
+
+
+@pytest.mark.parametrize("bad, name, kind", [
+    (lambda o, l: (o[:, :, :-1], l), "out", ValueError),
+    (lambda o, l: (o.float(), l), "out", TypeError),
+    (lambda o, l: (o, l.double()), "lse", TypeError),
+    (lambda o, l: (o, l[:, :, :1]), "lse", ValueError),
+    (lambda o, l: (o.transpose(2, 3).contiguous().transpose(2, 3), l), "out", ValueError),
+    (lambda o, l: (o.to("meta"), l), "out", ValueError),
+])
+def test_out_and_lse_are_checked(bad, name, kind):
+    k = attncc.compile(MLA_SMALL)
+    case, _ = op_args(k)
+    b, s_q = case.q.shape[:2]
+    out = torch.empty(b, s_q, k.spec.heads_q, k.spec.d_v, dtype=case.q.dtype)
+    lse = torch.empty(b, k.spec.heads_q, s_q)
+    out, lse = bad(out, lse)
+    with pytest.raises(kind, match=f"^{name}: expected"):
+        k(case.q, case.cache, case.block_table, case.seqlens, out=out, lse=lse)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
+def test_num_splits_must_be_a_positive_int(bad):
+    k = attncc.compile(MLA_SMALL)
+    case, _ = op_args(k)
+    with pytest.raises(ValueError, match="^num_splits: expected a positive int"):
+        k(case.q, case.cache, case.block_table, case.seqlens, num_splits=bad)
+
+
+def test_num_splits_reaches_the_op(monkeypatch):
+    k = attncc.compile(MLA_SMALL)
+    case, _ = op_args(k)
+    seen = []
+    real = k.op
+
+    class Spy:
+        def __call__(self, *args):
+            seen.append(args[-1])
+            return real(*args)
+
+        into = real.into
+
+    monkeypatch.setattr(k, "_op", Spy())
+    k(case.q, case.cache, case.block_table, case.seqlens, num_splits=3)
+    k(case.q, case.cache, case.block_table, case.seqlens, metadata=attncc.split.DecodeMetadata(2, 9))
+    k(case.q, case.cache, case.block_table, case.seqlens, num_splits=4,
+      metadata=attncc.split.DecodeMetadata(2, 9))
+    assert seen == [3, 2, 4]
+
+
+def test_opcheck_of_the_in_place_op():
+    k = attncc.compile(SEPARATE_BF16)
+    case, args = op_args(k)
+    b, s_q = case.q.shape[:2]
+    out = torch.empty(b, s_q, k.spec.heads_q, k.spec.d_v, dtype=case.q.dtype)
+    lse = torch.empty(b, k.spec.heads_q, s_q)
+    torch.library.opcheck(k.op.into, (*args, out, lse))
+
+
+def test_torch_compile_fullgraph_with_dynamic_batch_and_lengths():
+    """Two batch sizes and new lengths under fullgraph with the batch marked dynamic: one
+    compile, the reference's results (validate.py used to format a symbolic size)."""
+    import torch._dynamo
+
+    k = attncc.compile(MLA_SMALL)
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def step(q, cache, block_table, seqlens, out):
+        o, lse = k(q, cache, block_table, seqlens, out=out)
+        return o * 2, lse
+
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for batch, seed in ((3, 1), (5, 2), (2, 3)):
+            case = testing.random_case(k.spec, [7 * (i + seed) % 13 for i in range(batch)], 2,
+                                       device="cpu", seed=seed)
+            for t in (case.q, case.block_table, case.seqlens, case.cache):  # cache: its pages
+                torch._dynamo.mark_dynamic(t, 0)
+            torch._dynamo.mark_dynamic(case.block_table, 1)  # pages per sequence
+            out = torch.empty(batch, 2, k.spec.heads_q, k.spec.d_v, dtype=case.q.dtype)
+            torch._dynamo.mark_dynamic(out, 0)
+            doubled, lse = step(case.q, case.cache, case.block_table, case.seqlens, out)
+            ref_out, ref_lse = reference.attention(k.spec, case.q, case.cache, case.block_table, case.seqlens)
+            assert torch.equal(doubled, ref_out.to(case.q.dtype) * 2) and torch.equal(out, ref_out.to(case.q.dtype))
+            assert torch.equal(lse, ref_lse.float())
