@@ -34,12 +34,22 @@ def _aligned(name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _cache_tensor(i: int, t: torch.Tensor) -> torch.Tensor:
+    """The kernels of ABI version 1 take a contiguous cache (strides are compile-time)."""
+    if not t.is_contiguous():
+        raise ValueError(f"cache tensor {i}: a strided view of a cache (strides {tuple(t.stride())}) runs "
+                         "on the CPU reference; the CUDA kernels of this version read contiguous caches "
+                         "only (page, token and head strides reach them with the next ABI version): "
+                         "pass a contiguous cache")
+    return _aligned(f"cache tensor {i}", t)
+
+
 def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
                  scale: float, splits: int = 0, out=None, lse=None):
     """One launch; writes into out and lse when given (checked by the caller), else new ones."""
     scale = validate.softmax_scale(scale)  # the op may be called without the Kernel
     q = _aligned("q", q.contiguous())
-    cache = [_aligned(f"cache tensor {i}", t) for i, t in enumerate(cache)]
+    cache = [_cache_tensor(i, t) for i, t in enumerate(cache)]
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()  # rows may be strided, entries may not
     seqlens = None if seqlens is None else seqlens.contiguous()

@@ -1,6 +1,12 @@
 """The cache as torch tensors (DESIGN.md §2 "Storage"): allocation, writing (with fp8
 quantization) and reading back (dequantized). Packed caches are handled as raw record
-bytes, so one code path serves every dtype mix."""
+bytes, so one code path serves every dtype mix.
+
+A cache tensor may be a view (DESIGN.md §3a): any page, token and head strides, the innermost
+dimension contiguous. Tokens are addressed by (page, offset), never by flattening, so every
+view reads and writes where the engine's buffer holds it. A packed cache may carry a
+singleton head axis ([pages, P, 1, record], FlashMLA's), and a per-head segment of one kv
+head may leave its head axis out ([pages, P, dim], FlashInfer's ckv and kpe)."""
 from __future__ import annotations
 
 import torch
@@ -48,9 +54,29 @@ def num_pages(cache) -> int:
     return next(iter(cache_tensors(cache).values())).shape[0]
 
 
+def canonical(spec: Spec, name: str, t: torch.Tensor) -> torch.Tensor:
+    """A cache tensor viewed in the shape tensor_layouts gives (a view, no copy): a packed
+    [pages, P, 1, record] loses its singleton axis, a one-head segment [pages, P, dim] gains it."""
+    want = len(tensor_layouts(spec, 1)[name][0])
+    if t.dim() == want + 1 and t.dim() >= 3 and t.shape[2] == 1 and not spec.separate:
+        return t.squeeze(2)
+    if t.dim() == want - 1 and spec.separate and spec.heads_kv == 1 and want == 4:
+        return t.unsqueeze(2)
+    return t
+
+
+def _tensors(spec: Spec, cache) -> dict[str, torch.Tensor]:
+    return {name: canonical(spec, name, t) for name, t in cache_tensors(cache).items()}
+
+
 def _record_bytes(spec: Spec, cache: torch.Tensor) -> torch.Tensor:
-    """Packed cache as a [slots, record_bytes] uint8 view sharing its storage."""
-    return cache.view(torch.uint8).view(-1, spec.record_bytes)
+    """Packed cache as a [pages, P, record_bytes] uint8 view sharing its storage."""
+    return canonical(spec, PACKED_NAME, cache).view(torch.uint8)
+
+
+def _at(slots: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot -> (page, offset in the page): the index of a token in any view of the cache."""
+    return slots // page_size, slots % page_size
 
 
 def quantize(values: torch.Tensor, segment: Segment) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,33 +113,30 @@ def write(spec: Spec, cache, slots: torch.Tensor, values: dict[str, torch.Tensor
     fallback = torch.where(anything, slots.index_select(0, first), 0)
     index = torch.where(valid, slots, fallback)
 
+    P = spec.page_size
+    at, fallback_at = _at(index, P), _at(fallback, P)
+
     def put(target: torch.Tensor, rows: torch.Tensor) -> None:  # target[slots] = rows, masked
-        again = torch.where(anything, rows.index_select(0, first),
-                            target.index_select(0, fallback).to(rows.dtype))
+        again = torch.where(anything, rows.index_select(0, first), target[fallback_at].to(rows.dtype))
         keep = valid.view(-1, *([1] * (rows.dim() - 1)))
-        target.index_put_((index,), torch.where(keep, rows, again))
+        target.index_put_(at, torch.where(keep, rows, again))
 
     for seg in spec.segments:
         stored, scales = _encode(seg, values[seg.name])
         if spec.separate:
-            tensors = cache_tensors(cache)
+            tensors = _tensors(spec, cache)
             # a shared segment's tensor has no head axis: drop the single copy
-            put(_flat_slots(tensors[seg.name]), stored.squeeze(1) if seg.shared else stored)
+            put(tensors[seg.name], stored.squeeze(1) if seg.shared else stored)
             if scales is not None:
-                put(_flat_slots(tensors[seg.scale_tensor]), scales.squeeze(1) if seg.shared else scales)
+                put(tensors[seg.scale_tensor], scales.squeeze(1) if seg.shared else scales)
             continue
         record = [stored.contiguous().view(torch.uint8)]
         if scales is not None:
             record.append(scales.contiguous().view(torch.uint8))
         copy_bytes = torch.cat(record, dim=-1)  # [n, copies, values + scales]
         assert copy_bytes.shape[-1] == seg.copy_bytes
-        put(_record_bytes(spec, cache)[:, seg.offset: seg.offset + seg.bytes], copy_bytes.flatten(1))
+        put(_record_bytes(spec, cache)[:, :, seg.offset: seg.offset + seg.bytes], copy_bytes.flatten(1))
     return valid
-
-
-def _flat_slots(tensor: torch.Tensor) -> torch.Tensor:
-    """[num_pages, P, ...] → [num_pages * P, ...] view, indexed by slot."""
-    return tensor.view(-1, *tensor.shape[2:])
 
 
 def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32,
@@ -121,22 +144,23 @@ def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32,
     """Every segment at the given slots, dequantized: name → [n, copies, dim].
     With dequant_dtype, fp8 values × scale are rounded to it (as a kernel that stages
     dequantized values in 16-bit shared memory computes)."""
-    slots = slots.long()
+    at = _at(slots.long(), spec.page_size)
+    n = len(slots)
     out = {}
     for seg in spec.segments:
         if spec.separate:
-            tensors = cache_tensors(cache)
-            values = _flat_slots(tensors[seg.name])[slots].to(dtype)
-            values = values.view(len(slots), seg.copies, seg.dim)
+            tensors = _tensors(spec, cache)
+            values = tensors[seg.name][at].to(dtype)
+            values = values.view(n, seg.copies, seg.dim)
             if seg.scale_group:
-                scales = _flat_slots(tensors[seg.scale_tensor])[slots].to(dtype)
-                values = values * scales.view(len(slots), seg.copies, seg.scales_per_copy).repeat_interleave(
+                scales = tensors[seg.scale_tensor][at].to(dtype)
+                values = values * scales.view(n, seg.copies, seg.scales_per_copy).repeat_interleave(
                     seg.scale_group, dim=-1)
                 values = _round(values, dequant_dtype)
             out[seg.name] = values
             continue
-        raw = _record_bytes(spec, cache)[slots, seg.offset: seg.offset + seg.bytes]
-        raw = raw.view(len(slots), seg.copies, seg.copy_bytes)
+        raw = _record_bytes(spec, cache)[at][:, seg.offset: seg.offset + seg.bytes]
+        raw = raw.view(n, seg.copies, seg.copy_bytes)
         values = raw[..., : seg.values_bytes].contiguous().view(torch_dtype(seg.dtype)).to(dtype)
         if seg.scale_group:
             # a copy, not .contiguous(): the slice may be contiguous at an offset fp32 can't view

@@ -41,6 +41,27 @@ def softmax_scale(scale) -> float:
     return value
 
 
+ROW_ALIGN = 16   # the kernels copy a token's values in 16-byte chunks
+SCALE_ALIGN = 4  # and fp32 scales one at a time
+
+
+def _cache_strides(label: str, t: torch.Tensor, align: int) -> None:
+    """A cache view: any page, token and head strides, the innermost dimension contiguous and
+    every row it holds `align`-byte aligned. (A contiguous tensor is the spec's own layout.)"""
+    if t.is_contiguous():
+        return
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{label}: expected the innermost dimension contiguous (stride 1), got "
+                         f"strides {tuple(t.stride())}")
+    size = t.element_size()
+    row_strides = [s * size for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1]
+    offset = t.storage_offset() * size
+    if any(s % align for s in row_strides) or offset % align:
+        raise ValueError(f"{label}: expected {align}-byte aligned rows, got strides "
+                         f"{tuple(s * size for s in t.stride())} bytes at byte offset {offset} of its "
+                         "storage")
+
+
 def cache_pages(spec: Spec, cache, device=None) -> int:
     """Validate the cache's tensors against the spec; returns the number of pages."""
     if spec.separate:
@@ -62,9 +83,9 @@ def cache_pages(spec: Spec, cache, device=None) -> int:
     pages = first.shape[0] if first.dim() else 0
     for name, (shape, dtype) in storage.tensor_layouts(spec, pages).items():
         label = "cache" if not spec.separate else f"cache[{name!r}]"
-        _expect_tensor(label, tensors[name], shape, dtype, device)
-        if not tensors[name].is_contiguous():
-            raise ValueError(f"{label}: expected a contiguous tensor")
+        view = storage.canonical(spec, name, tensors[name])
+        _expect_tensor(label, view, shape, dtype, device)
+        _cache_strides(label, view, SCALE_ALIGN if dtype == torch.float32 else ROW_ALIGN)
     if pages < 1:
         raise ValueError("cache: expected at least one page")
     return pages

@@ -11,7 +11,7 @@ import torch
 
 import attncc
 import attncc.storage
-from attncc import reference, storage
+from attncc import reference, storage, testing
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -586,3 +586,82 @@ def test_attncc_check_makes_calls_check_at_once(monkeypatch):
     assert devicecheck.synchronous()
     monkeypatch.setenv("ATTNCC_CHECK", "0")
     assert not devicecheck.synchronous()
+
+
+# --- caches as engines hold them (DESIGN.md §3a): views, without a copy ---------------------------
+
+MLA_TINY = """attention mla_tiny {
+    heads q = 4, kv = 1
+    cache paged(4) { latent: bf16[64]  rope: bf16[16] }
+    key = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}"""
+MLA_TINY_SEPARATE = MLA_TINY.replace("paged(4)", "paged(4) separate").replace("mla_tiny", "mla_tiny_sep")
+GQA_TINY_SEPARATE = """attention gqa_tiny_sep {
+    heads q = 4, kv = 2
+    cache paged(4) separate { k: bf16[32]  v: bf16[32] }
+    key = k
+    value = v
+}"""
+
+
+def _view_case(text):
+    k = attncc.compile(text)
+    lengths = [9, 3, 14]
+    case = testing.random_case(k.spec, lengths, 2 if k.spec.max_query_len > 1 else 1, device="cpu", seed=17)
+    want = k(case.q, case.cache, case.block_table, case.seqlens)
+    return k, case, want
+
+
+def _views(name, cache):
+    """The engines' layouts of the same cache contents: (description, view, buffer)."""
+    nan = float("nan")
+    if name == "flashmla":  # [num_blocks, 64, 1, 576]
+        return cache.unsqueeze(2).clone(), None
+    if name == "wide":  # [:, :, :576] of a wider buffer
+        buf = torch.full((*cache.shape[:2], cache.shape[2] + 24), nan, dtype=cache.dtype)
+        buf[..., :cache.shape[2]] = cache
+        return buf[..., :cache.shape[2]], buf
+    if name == "flashinfer":  # kv_cache[:, 0] and kv_cache[:, 1] of [pages, 2, P, G, d]
+        buf = torch.full((cache["k"].shape[0], 2, *cache["k"].shape[1:]), nan, dtype=cache["k"].dtype)
+        buf[:, 0], buf[:, 1] = cache["k"], cache["v"]
+        return {"k": buf[:, 0], "v": buf[:, 1]}, buf
+    if name == "ckv_kpe":  # latent and rope as slices of one [pages, P, 576] buffer, no head axis
+        latent, rope = cache["latent"][:, :, 0], cache["rope"][:, :, 0]
+        buf = torch.cat([latent, rope], -1)
+        return {"latent": buf[..., :latent.shape[-1]], "rope": buf[..., latent.shape[-1]:]}, buf
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("text, name", [(MLA_TINY, "flashmla"), (MLA_TINY, "wide"),
+                                        (GQA_TINY_SEPARATE, "flashinfer"), (MLA_TINY_SEPARATE, "ckv_kpe")])
+def test_cache_views_are_taken_as_they_are(text, name):
+    k, case, (want_out, want_lse) = _view_case(text)
+    view, buf = _views(name, case.cache)
+    views = storage.cache_tensors(view)
+    if buf is not None:
+        assert all(t.data_ptr() >= buf.data_ptr() for t in views.values()), "views of the buffer, not copies"
+        assert not all(t.is_contiguous() for t in views.values())
+    out, lse = k(case.q, view, case.block_table, case.seqlens)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    # writes land in the engine's buffer
+    gen = torch.Generator().manual_seed(3)
+    new = {s.name: torch.randn(2, *(() if s.shared else (k.spec.heads_kv,)), s.dim, generator=gen)
+           for s in k.spec.segments}
+    slots = torch.tensor([1, 6])
+    k.write_cache(case.cache, slots, **new)
+    k.write_cache(view, slots, **new)
+    got, ref = storage.read(k.spec, view, slots), storage.read(k.spec, case.cache, slots)
+    for seg in k.spec.segments:
+        assert torch.equal(got[seg.name], ref[seg.name]), seg.name
+
+
+@pytest.mark.parametrize("bad, words", [
+    (lambda c: torch.empty(c.shape[0], c.shape[1], c.shape[2] * 2, dtype=c.dtype)[..., ::2], "innermost dimension contiguous"),
+    (lambda c: torch.empty(c.shape[0], c.shape[1], c.shape[2] + 1, dtype=c.dtype)[..., :c.shape[2]], "16-byte aligned rows"),
+])
+def test_a_view_the_kernels_cannot_read_is_refused_by_name(bad, words):
+    k, case, _ = _view_case(MLA_TINY)
+    with pytest.raises(ValueError, match=f"^cache: expected .*{words}|^cache: expected {words}"):
+        k(case.q, bad(case.cache), case.block_table, case.seqlens)

@@ -268,3 +268,15 @@ def test_write_cache_and_attention_in_one_cuda_graph(kernels):
     graph.replay()
     torch.cuda.synchronize()
     assert testing.compare(spec, case, out, lse).ok, "the replayed write is what the attention read"
+
+
+def test_a_strided_cache_view_on_cuda_is_refused_until_the_kernels_take_strides(kernels):
+    k = kernels["mla"]
+    case = testing.random_case(k.spec, [100, 7], 1, seed=43)
+    wide = torch.zeros(*case.cache.shape[:2], case.cache.shape[2] + 64, dtype=case.cache.dtype, device="cuda")
+    wide[..., :case.cache.shape[2]] = case.cache
+    view = wide[..., :case.cache.shape[2]]
+    with pytest.raises(ValueError, match="strided view of a cache .* contiguous caches only"):
+        k(case.q, view, case.block_table, case.seqlens)
+    out, lse = k(case.q, case.cache.unsqueeze(2), case.block_table, case.seqlens)  # FlashMLA's shape
+    assert testing.compare(k.spec, case, out, lse).ok
