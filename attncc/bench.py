@@ -127,7 +127,7 @@ def _median_seconds(fn, flush, iters: int, cover_seconds: float = 0.0) -> float:
     return statistics.median(times)
 
 
-def _host_seconds(fn, iters: int = 10) -> float:
+def host_seconds(fn, iters: int = 10) -> float:
     """Median host time to enqueue one call (the GPU idle, so nothing waits on it)."""
     import time
 
@@ -193,13 +193,13 @@ def run_config(kernel: Kernel, cfg: Config, ceilings: dict, iters: int = 20,
         if not cmp.ok:
             raise AssertionError(f"{spec.name} {cfg.label()}: wrong result: {cmp}")
     flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    host_seconds = _host_seconds(lambda: kernel.op(*args))
+    host_s = host_seconds(lambda: kernel.op(*args))
     seconds = _median_seconds(lambda: kernel.op(*args), flush=flush_buf.zero_, iters=iters,
-                              cover_seconds=host_seconds)
+                              cover_seconds=host_s)
     roof = roofline(spec, cfg.batch, cfg.seqlen, cfg.s_q)
     gbps, tflops = roof.bytes / seconds / 1e9, roof.flops / seconds / 1e12
     floor = max(roof.bytes / (ceilings["copy_GBps"] * 1e9), roof.flops / (ceilings["gemm_TFLOPs"] * 1e12))
-    result.update(us=seconds * 1e6, host_us=host_seconds * 1e6, GBps=gbps, TFLOPs=tflops, bound=roof.bound,
+    result.update(us=seconds * 1e6, host_us=host_s * 1e6, GBps=gbps, TFLOPs=tflops, bound=roof.bound,
                   pct_copy=100 * gbps / ceilings["copy_GBps"],
                   pct_gemm=100 * tflops / ceilings["gemm_TFLOPs"],
                   pct_floor=100 * floor / seconds)

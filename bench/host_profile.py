@@ -9,29 +9,15 @@ dispatcher, the ctypes call alone."""
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import attncc  # noqa: E402
 from attncc import bench, ops, validate  # noqa: E402
 from attncc.ops import cache_list  # noqa: E402
-
-
-def host_us(fn, calls: int) -> float:
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    torch.cuda.synchronize()
-    return statistics.median(samples) * 1e6
 
 
 def main(argv=None) -> int:
@@ -64,7 +50,7 @@ def main(argv=None) -> int:
         ("  ops.cuda_forward: launch body", lambda: ops.cuda_forward(
             k.plan, lib, case.q, cache, case.block_table, case.seqlens, case.indices, spec.softmax_scale, 0)),
     ]
-    results = [(label, host_us(fn, args.calls)) for label, fn in rows]
+    results = [(label, bench.host_seconds(fn, args.calls) * 1e6) for label, fn in rows]
     print(f"{spec.name} b={args.batch} s_q={args.sq} s_k={args.seqlen}: host us per call (median of {args.calls})")
     for label, us in results:
         print(f"  {label:<46} {us:8.1f}")

@@ -1,8 +1,11 @@
 """Helpers shared by the CPU tests."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import attncc
 import attncc.build
@@ -23,3 +26,13 @@ def have_nvcc() -> bool:
     except (attncc.build.BuildError, OSError, subprocess.CalledProcessError):
         return False
     return True
+
+
+def load_example(name: str):
+    """examples/<name>.py as a module (the examples are scripts, not a package)."""
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module

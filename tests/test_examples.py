@@ -5,22 +5,15 @@ decompressed (no absorption) in float32. On a GPU (pytest -m gpu): V3 shapes, ea
 and CUDA-graph replays of one captured step agree."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deepseek_decode.py"
+from support import load_example
+
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("deepseek_decode", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
+    return load_example("deepseek_decode")
 
 
 def test_cpu_steps_match_decompressed_mla():

@@ -3,7 +3,6 @@ single-process result of the whole layer; so does MLA, replicated. On two GPUs (
 same check runs under pytest -m gpu where two are present."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from support import load_example
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "tp_decode.py"
@@ -35,11 +36,7 @@ dist.destroy_process_group()
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("tp_decode", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
+    return load_example("tp_decode")
 
 
 def _free_port() -> int:
