@@ -148,7 +148,6 @@ class Stack:
         plain softmax attention over each sequence's cache (read back from attncc's cache)."""
         s, b = self.s, x.shape[0]
         pos = seqlens.long()
-        slots = self._slots(torch.arange(b, device=x.device), pos)
         x = x.float()
         for layer, cache in zip(self.layers, self.caches):
             f = {name: getattr(layer, name).float() for name in ("w_dq", "w_uq", "w_dkv", "w_uk", "w_uv", "w_o")}
