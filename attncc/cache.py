@@ -203,8 +203,6 @@ def build(plan: Plan, arch: str | None = None, progress: bool = True, root: Path
 def package(sources: dict[str, str], directory, progress: bool = True) -> list[Path]:
     """Build every spec (name -> source text) into `directory`, a cache root that a process
     without nvcc can serve (load_package or ATTNCC_CACHE_DIR), with the sources beside it."""
-    import warnings as _w
-
     from .frontend import check_spec
     from .kernel import Kernel
 
@@ -215,8 +213,8 @@ def package(sources: dict[str, str], directory, progress: bool = True) -> list[P
         raise _unusable(directory, "create", exc) from None
     built = []
     for name, text in sources.items():
-        with _w.catch_warnings():
-            _w.simplefilter("ignore")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             kernel = Kernel(check_spec(text))
         built.append(build(kernel.plan, progress=progress, root=directory))
         (directory / PACKAGE_SPECS / f"{kernel.name}.attn").write_text(text)

@@ -121,10 +121,10 @@ def write(spec: Spec, cache, slots: torch.Tensor, values: dict[str, torch.Tensor
         keep = valid.view(-1, *([1] * (rows.dim() - 1)))
         target.index_put_(at, torch.where(keep, rows, again))
 
+    tensors = _tensors(spec, cache) if spec.separate else None
     for seg in spec.segments:
         stored, scales = _encode(seg, values[seg.name])
         if spec.separate:
-            tensors = _tensors(spec, cache)
             # a shared segment's tensor has no head axis: drop the single copy
             put(tensors[seg.name], stored.squeeze(1) if seg.shared else stored)
             if scales is not None:
@@ -147,9 +147,9 @@ def read(spec: Spec, cache, slots: torch.Tensor, dtype=torch.float32,
     at = _at(slots.long(), spec.page_size)
     n = len(slots)
     out = {}
+    tensors = _tensors(spec, cache) if spec.separate else None
     for seg in spec.segments:
         if spec.separate:
-            tensors = _tensors(spec, cache)
             values = tensors[seg.name][at].to(dtype)
             values = values.view(n, seg.copies, seg.dim)
             if seg.scale_group:
