@@ -50,6 +50,8 @@
 //   row group 0, step i:  sync FULL(i); arrive EMPTY(i - 1)     (done with tile i - 1)
 //   row group 1, step i:  sync EMPTY(i - 1); copy tile i + 1 into tile i - 1's stage; S = Q K^T;
 //                         wait for its copies, arrive FULL(i + 1); softmax; O += P V
+//   (steps that copy nothing skip EMPTY: row group 1 then syncs its own row-group barrier, so
+//   its warps still start a step together, e.g. before qk_split's pair_sum writes P rows)
 // so row group 0 may run up to about half a step ahead, and one group's softmax (no tensor
 // work, two barriers) overlaps the other group's products instead of both idling the tensor
 // pipe at once (H200, MLA h_q 128 s_q 2, same run: 334 TFLOP/s without, 351 with).
@@ -183,6 +185,13 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
       if (copy_next) bar_arrive(T::kEmptyBarrier0 + ((it - 1) & 1), T::kThreads);  // EMPTY(it - 1)
     } else if (copy_next) {
       bar_sync(T::kEmptyBarrier0 + ((it - 1) & 1), T::kThreads);  // EMPTY(it - 1)
+    } else {
+      // The range's last S - 1 steps copy nothing and so skip EMPTY, the only barrier that
+      // kept row group 1's warps together: without it, qk_split's pair_sum (into the group's P
+      // rows) overwrote what a partner still read in its O += P V of step it - 1 (racecheck:
+      // ~68,000 WAR hazards a launch, MLA h_q 128), and without qk_split racecheck still paired
+      // the next piece's part walk with its writer (GLA-2). The group's own barrier ends both.
+      row_group_sync<Cfg>(wm, kRowGroupThreads);
     }
 
     // the copies of tile nx and the slots of tile it + S (ping_pong: only while tiles are
