@@ -84,7 +84,9 @@ def quantize(values: torch.Tensor, segment: Segment) -> tuple[torch.Tensor, torc
     groups = values.float().unflatten(-1, (segment.scales_per_copy, segment.scale_group))
     amax = groups.abs().amax(-1, keepdim=True)
     top = segment.dtype.max_finite
-    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    # a tensor divisor, not a Python float: CUDA divides by a scalar as a multiply by its
+    # reciprocal, which can round the scale one ulp away from the CPU's (and the contract's)
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, top), torch.ones_like(amax))
     quantized = (groups / scale).clamp(-top, top).to(torch_dtype(segment.dtype))
     return quantized.flatten(-2), scale.squeeze(-1)
 
