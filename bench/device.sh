@@ -15,15 +15,15 @@ for stage in "$@"; do
     timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     python3 -m attncc.cli test examples/mla_fp8_sparse.attn --trials 4 2>&1 | tail -2 ;;
   ab)
-    echo "== same-process A/B, old (.ab/old_*) vs new (.ab/new_*)"
+    echo "== same-process A/B, .ab/${AB_A:-old}_* vs .ab/${AB_B:-new}_*"
     for c in "mla examples/mla.attn --heads 128 --sq 2 --seqlen 8192" "mla_h16 examples/mla.attn --heads 16 --sq 1 --seqlen 32768" \
              "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 8192"; do
       set -- $c; n=$1; shift
-      timeout 150 python3 bench/ab.py "$1" .ab/old_$n.so .ab/new_$n.so ${AB_LEGACY:---legacy A} --rounds 21 "${@:2}" 2>&1 | tail -1
+      timeout 150 python3 bench/ab.py "$1" .ab/${AB_A:-old}_$n.so .ab/${AB_B:-new}_$n.so ${AB_LEGACY:---legacy A} --rounds 21 "${@:2}" 2>&1 | tail -1
     done | tee "$OUT/ab.log" ;;
   sanitize)
     echo "== compute-sanitizer over every spec"
-    timeout 500 python3 bench/sanitize.py --log "$OUT" 2>&1 | tee "$OUT/sanitize.log" | tail -30 ;;
+    timeout ${SANITIZE_TIMEOUT:-500} python3 bench/sanitize.py --log "$OUT" ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -30 ;;
   bench)
     echo "== bench"
     python3 -m attncc.cli bench examples/mla.attn --json "$OUT/bench_mla.json" 2>&1 | tee "$OUT/bench_mla.log" | tail -32
