@@ -8,15 +8,16 @@ instrumented) runs every spec on a few small cases: split mode and part mode, le
 0, 1, P, P + 1 and a few tiles, every s_q, NaN in the unused pages, each checked against the
 reference. Prints one line per tool with the sanitizer's summary, and exits non-zero if any
 tool reports an error or hazard, or a case is wrong. Keep it for every kernel change.
-The libraries are built (outside the sanitizer) first. initcheck is far slower than the others
-(H200: over 100 s for GLA-2's 6 cases, where racecheck runs all 21 specs in 56 s): --quick
-runs 2 cases a spec."""
+The libraries are built (outside the sanitizer) first. initcheck, with its host-API checks on,
+did not finish GLA-2's 6 cases in 100 s (racecheck runs all 21 specs in 56 s) and reported only
+torch's own copies; it now checks kernel accesses only, and --quick runs 2 cases a spec."""
 from __future__ import annotations
 
 import argparse
 import re
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -102,15 +103,21 @@ def main(argv=None) -> int:
                "--print-limit", str(args.print_limit)]
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
+        if tool == "initcheck":
+            # the API checks report torch's own device copies (H200, torch 2.11: `.any()` copies a
+            # partly written scratch byte), thousands of reports before the first spec: kernels only
+            cmd += ["--check-api-memory-access", "no"]
         cmd += [sys.executable, str(Path(__file__).resolve()), "--worker", "--specs", args.specs] + (["--quick"] if args.quick else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        text = proc.stdout + proc.stderr
-        if args.log:
-            Path(args.log).mkdir(parents=True, exist_ok=True)
-            (Path(args.log) / f"sanitize_{tool}.log").write_text(text)
+        # written as it runs, so a run cut short (initcheck is slow) leaves what it found
+        log_dir = Path(args.log) if args.log else Path(tempfile.mkdtemp())
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log = log_dir / f"sanitize_{tool}.log"
+        with open(log, "w") as sink:
+            proc = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        text = log.read_text()
         summary = "; ".join(dict.fromkeys(SUMMARY.findall(text))) or "no summary"
         wrong = text.count("WRONG ")
-        done = text.count("case ") 
+        done = text.count("case ")
         ok = proc.returncode == 0 and not wrong
         bad += not ok
         print(f"{tool:<10} {'clean' if ok else 'FAILED'} (exit {proc.returncode}; {summary}; "
