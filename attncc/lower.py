@@ -54,10 +54,14 @@ class Plan:
     def canonical_json(self) -> str:
         return json.dumps(self.template_dict(), sort_keys=True, separators=(",", ":"))
 
-    def __call__(self, seqlens, s_q: int = 1, num_sms: int | None = None) -> split.DecodeMetadata:
+    def __call__(self, seqlens, s_q: int = 1, num_sms: int | None = None,
+                 max_seqlen: int | None = None) -> split.DecodeMetadata:
         """Scheduling metadata for one decode step, shared by all layers of that step
-        (`k.plan(seqlens)`; attncc/split.py)."""
-        return split.metadata(self, seqlens, s_q, num_sms or self.num_sms)
+        (`k.plan(seqlens)`; attncc/split.py): from shapes (and max_seqlen when given), never
+        from the lengths' values, so it costs no host sync."""
+        cfg, target = self.config, TARGETS[self.target]
+        per_sm = target.ctas_per_sm(cfg.threads, cfg.smem_bytes, cfg.registers)
+        return split.metadata(self, seqlens, s_q, num_sms or self.num_sms, per_sm, max_seqlen)
 
     def explain_lines(self, batch: int = 1, seqlen: int = 4096, s_q: int = 1) -> tuple[str, ...]:
         """What runs: the family, every choice of its config and why, the launch of one call."""

@@ -16,8 +16,8 @@ MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (prologue, combine
 
 @dataclass(frozen=True)
 class DecodeMetadata:
-    num_splits: int
-    longest: int
+    num_splits: int        # the launch's num_splits: n >= 1 splits, -p balanced parts, 0 its own choice
+    longest: int | None    # the longest length it was planned for, where known on the host
 
 
 def balanced(plan) -> bool:
@@ -71,15 +71,23 @@ def launch_schedule(plan, batch: int, s_q: int, kv_tokens: int, requested: int, 
     return num_splits(plan, batch, s_q, kv_tokens, sms), 0
 
 
-def metadata(plan, seqlens, s_q: int, sms: int) -> DecodeMetadata:
-    """`k.plan(seqlens)`: the split count from the longest sequence actually present instead
-    of the block table's capacity. Reads seqlens once (a host sync). Balanced plans need no
-    lengths on the host: their count stays 0 (chosen at launch)."""
-    lengths = [int(x) for x in (seqlens.tolist() if hasattr(seqlens, "tolist") else seqlens)]
-    longest = plan.topk if plan.sparse else max(lengths + [0])
-    if balanced(plan):
-        return DecodeMetadata(0, longest)
-    return DecodeMetadata(num_splits(plan, len(lengths), s_q, longest, sms), longest)
+def metadata(plan, seqlens, s_q: int, sms: int, ctas_per_sm: int,
+             max_seqlen: int | None = None) -> DecodeMetadata:
+    """`k.plan(seqlens)`: one decode step's schedule, shared by its layers, from shapes alone:
+    it reads no length (no host sync; a CUDA graph can hold it). Balanced plans keep 0 (parts
+    chosen at launch). A split plan takes its split count from `max_seqlen` when the caller
+    knows it (engines do, on the host); without it, balanced parts: the kernels then spread
+    the step's tiles from the lengths on the device. longest: topk, max_seqlen or None."""
+    batch = len(seqlens)
+    if plan.sparse:
+        if balanced(plan):
+            return DecodeMetadata(0, plan.topk)
+        return DecodeMetadata(num_splits(plan, batch, s_q, plan.topk, sms), plan.topk)
+    if balanced(plan) or batch == 0:
+        return DecodeMetadata(0 if batch else 1, max_seqlen if batch else 0)
+    if max_seqlen is not None:
+        return DecodeMetadata(num_splits(plan, batch, s_q, max_seqlen, sms), max_seqlen)
+    return DecodeMetadata(-num_parts(plan, s_q, sms, ctas_per_sm), None)
 
 
 def workspace_shapes(plan, batch: int, s_q: int, splits: int, parts: int):

@@ -280,3 +280,20 @@ def test_a_strided_cache_view_on_cuda_is_refused_until_the_kernels_take_strides(
         k(case.q, view, case.block_table, case.seqlens)
     out, lse = k(case.q, case.cache.unsqueeze(2), case.block_table, case.seqlens)  # FlashMLA's shape
     assert testing.compare(k.spec, case, out, lse).ok
+
+
+@pytest.mark.parametrize("name", ["gqa8", "mla_page64_h16"])
+def test_plan_metadata_of_a_split_plan_without_a_sync(kernels, name):
+    """k.plan reads no length: balanced parts without max_seqlen, splits with it; both right."""
+    k = kernels[name]
+    case = testing.random_case(k.spec, [3000, 17, 900], 1, seed=51)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        plans = [k.plan(case.seqlens), k.plan(case.seqlens, max_seqlen=3000)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert plans[0].num_splits < 0 and plans[1].num_splits >= 1
+    for metadata in plans:
+        out, lse = _run(k, case, metadata=metadata)
+        assert testing.compare(k.spec, case, out, lse).ok, metadata

@@ -640,18 +640,29 @@ def test_num_splits_auto_splits_hold_at_least_256_tokens(kv, batch, s_q):
         assert kv / splits >= split.MIN_TOKENS_PER_SPLIT, (kv, splits)
 
 
-def test_plan_call_depends_on_the_longest_sequence():
+def test_plan_call_reads_no_length():
+    """k.plan(seqlens) is shapes only (DESIGN.md §3a: no host sync): lengths that differ give
+    the same metadata; a split plan takes max_seqlen from the caller, or balanced parts."""
     k = example("gqa8")
-    short = k.plan([100, 200, 7])
-    assert isinstance(short, DecodeMetadata)
-    assert short.longest == 200 and short.num_splits == 1
-    long = k.plan(torch.tensor([100, 8192, 7], dtype=torch.int32))
-    assert long.longest == 8192
-    assert long.num_splits == num_splits(k.plan, 3, 1, 8192, k.plan.num_sms) > 1
-    # the same batch and heads, only the longest length differs
-    assert k.plan([8192, 100, 7]) == long
-    assert k.plan([8192, 100, 7], num_sms=8).num_splits <= long.num_splits
+    assert not split.balanced(k.plan)
+
+    class Unreadable(list):  # a length read back would raise
+        def __iter__(self):
+            raise AssertionError("k.plan read a length")
+
+        def tolist(self):
+            raise AssertionError("k.plan read a length")
+
+    meta = k.plan(Unreadable([0, 0, 0]))
+    assert isinstance(meta, DecodeMetadata) and meta.num_splits < 0 and meta.longest is None
+    assert k.plan(torch.tensor([100, 8192, 7], dtype=torch.int32)) == k.plan([5, 5, 5]) == meta
+    known = k.plan([100, 8192, 7], max_seqlen=8192)
+    assert known == DecodeMetadata(num_splits(k.plan, 3, 1, 8192, k.plan.num_sms), 8192)
+    assert known.num_splits > 1
+    assert k.plan([1, 2, 3], max_seqlen=8192, num_sms=8).num_splits <= known.num_splits
     assert k.plan([]) == DecodeMetadata(1, 0)
+    balanced = example("mla")
+    assert split.balanced(balanced.plan) and balanced.plan(Unreadable([1])).num_splits == 0
 
 
 def test_plan_call_sparse_uses_topk():
@@ -700,7 +711,8 @@ def test_num_parts_fill_the_sms_once():
     assert split.num_parts(mla, 1, 132, 1) == 66
     assert split.num_parts(mla, 2, 132, 2) == 66   # two CTAs per SM: twice the parts
     assert split.num_parts(mla, 2, 2, 1) == 1      # never zero parts
-    assert example("mla").plan([5, 9000], s_q=2) == DecodeMetadata(0, 9000)
+    assert example("mla").plan([5, 9000], s_q=2) == DecodeMetadata(0, None)  # no length read
+    assert example("mla").plan([5, 9000], s_q=2, max_seqlen=9000) == DecodeMetadata(0, 9000)
 
 
 # --- properties over random specs -----------------------------------------------------
