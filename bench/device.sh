@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, by stage: bash bench/device.sh STAGE...   (stages: tests ab sanitize bench)
+# One device call, by stage: bash bench/device.sh STAGE...   (stages: tests ab sanitize initcheck bench)
 # Run from the repo root on the GPU machine with `.whl` (lark) carried, `.attncc_cache` if the
 # libraries were prebuilt here (C-ABI libraries do not depend on the Python version), and for
 # `ab` the `.ab` folder that bench/ab_build.py filled (old_*.so and new_*.so).
@@ -22,8 +22,14 @@ for stage in "$@"; do
       timeout 150 python3 bench/ab.py "$1" .ab/${AB_A:-old}_$n.so .ab/${AB_B:-new}_$n.so ${AB_LEGACY:---legacy A} --rounds 21 "${@:2}" 2>&1 | tail -1
     done | tee "$OUT/ab.log" ;;
   sanitize)
-    echo "== compute-sanitizer over every spec"
-    timeout ${SANITIZE_TIMEOUT:-500} python3 bench/sanitize.py --log "$OUT" ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -30 ;;
+    echo "== compute-sanitizer over every spec (racecheck, memcheck, synccheck: ~90 s on the H200)"
+    timeout ${SANITIZE_TIMEOUT:-300} python3 bench/sanitize.py --tools ${SANITIZE_TOOLS:-racecheck,memcheck,synccheck} \
+      --log "$OUT" ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -30 ;;
+  initcheck)
+    # the slowest tool: fewer cases (--quick), its own time limit; the log is written as it runs
+    echo "== initcheck over every spec, --quick"
+    timeout ${INITCHECK_TIMEOUT:-300} python3 bench/sanitize.py --tools initcheck --quick --log "$OUT" \
+      ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/initcheck.log" | tail -30 ;;
   bench)
     echo "== bench"
     python3 -m attncc.cli bench examples/mla.attn --json "$OUT/bench_mla.json" 2>&1 | tee "$OUT/bench_mla.log" | tail -32
