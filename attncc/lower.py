@@ -59,13 +59,18 @@ class Plan:
         """Scheduling metadata for one decode step, shared by all layers of that step
         (`k.plan(seqlens)`; attncc/split.py): from shapes (and max_seqlen when given), never
         from the lengths' values, so it costs no host sync."""
-        cfg, target = self.config, TARGETS[self.target]
-        per_sm = target.ctas_per_sm(cfg.threads, cfg.smem_bytes, cfg.registers)
-        return split.metadata(self, seqlens, s_q, num_sms or self.num_sms, per_sm, max_seqlen)
+        return split.metadata(self, seqlens, s_q, num_sms or self.num_sms, self.ctas_per_sm, max_seqlen)
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """Decode CTAs one SM of the target holds (threads, shared memory, registers); a launch
+        asks the built library's occupancy instead."""
+        cfg = self.config
+        return TARGETS[self.target].ctas_per_sm(cfg.threads, cfg.smem_bytes, cfg.registers)
 
     def explain_lines(self, batch: int = 1, seqlen: int = 4096, s_q: int = 1) -> tuple[str, ...]:
         """What runs: the family, every choice of its config and why, the launch of one call."""
-        family, cfg, target = families.by_name(self.family), self.config, TARGETS[self.target]
+        family, cfg = families.by_name(self.family), self.config
         lines = [f"plan: {self.target}, family {self.family} ({family.summary})"]
         lines += [f"  not chosen: {name}: {why}" for name, why in self.refused]
         lines.append(f"  staged token row: {self.layout.staged_width} x {self.elem} from "
@@ -77,7 +82,7 @@ class Plan:
                   for k in self.not_applied]
         pages = -(-seqlen // self.page_size)
         kv_tokens = self.topk if self.sparse else pages * self.page_size
-        per_sm = target.ctas_per_sm(cfg.threads, cfg.smem_bytes, cfg.registers)
+        per_sm = self.ctas_per_sm
         splits, parts = split.launch_schedule(self, batch, s_q, kv_tokens, 0, self.num_sms, per_sm)
         lanes = split.lanes(self, s_q)
         if parts:

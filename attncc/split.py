@@ -83,8 +83,10 @@ def metadata(plan, seqlens, s_q: int, sms: int, ctas_per_sm: int,
         if balanced(plan):
             return DecodeMetadata(0, plan.topk)
         return DecodeMetadata(num_splits(plan, batch, s_q, plan.topk, sms), plan.topk)
-    if balanced(plan) or batch == 0:
-        return DecodeMetadata(0 if batch else 1, max_seqlen if batch else 0)
+    if batch == 0:
+        return DecodeMetadata(1, 0)
+    if balanced(plan):
+        return DecodeMetadata(0, max_seqlen)
     if max_seqlen is not None:
         return DecodeMetadata(num_splits(plan, batch, s_q, max_seqlen, sms), max_seqlen)
     return DecodeMetadata(-num_parts(plan, s_q, sms, ctas_per_sm), None)

@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -43,8 +44,6 @@ def worker(names, quick: bool = False) -> int:
     import attncc
     from attncc import testing
     from attncc.ops import cache_list
-
-    import time
 
     failed = 0
     with warnings.catch_warnings():
@@ -97,6 +96,9 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(names, args.quick)
     build(names)
+    # each tool's log, written as it runs, so a run cut short (initcheck is slow) leaves what it found
+    log_dir = Path(args.log) if args.log else Path(tempfile.mkdtemp())
+    log_dir.mkdir(parents=True, exist_ok=True)
     bad = 0
     for tool in args.tools.split(","):
         cmd = ["compute-sanitizer", "--tool", tool, "--kernel-name", "kns=attncc", "--error-exitcode", "3",
@@ -108,9 +110,6 @@ def main(argv=None) -> int:
             # partly written scratch byte), thousands of reports before the first spec: kernels only
             cmd += ["--check-api-memory-access", "no"]
         cmd += [sys.executable, str(Path(__file__).resolve()), "--worker", "--specs", args.specs] + (["--quick"] if args.quick else [])
-        # written as it runs, so a run cut short (initcheck is slow) leaves what it found
-        log_dir = Path(args.log) if args.log else Path(tempfile.mkdtemp())
-        log_dir.mkdir(parents=True, exist_ok=True)
         log = log_dir / f"sanitize_{tool}.log"
         with open(log, "w") as sink:
             proc = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
