@@ -9,8 +9,6 @@ singleton head axis ([pages, P, 1, record], FlashMLA's), and a per-head segment 
 head may leave its head axis out ([pages, P, dim], FlashInfer's ckv and kpe)."""
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 from .ir import SCALE_BYTES, Segment, Spec
@@ -24,26 +22,19 @@ def torch_dtype(dtype) -> torch.dtype:
 
 def tensor_layouts(spec: Spec, num_pages: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Name → (shape, dtype) of every cache tensor the spec stores."""
-    return {name: ((num_pages, *rest), dtype) for name, rest, dtype in _page_layouts(spec)}
-
-
-@lru_cache(maxsize=None)
-def _page_layouts(spec: Spec) -> tuple[tuple[str, tuple[int, ...], torch.dtype], ...]:
-    """(name, shape after the page axis, dtype) of every cache tensor: worked out once a spec
-    (every call validates against it: this is on the host's hot path)."""
     P = spec.page_size
     if not spec.separate:
         dtype = spec.packed_dtype
         if dtype is None:
-            return ((PACKED_NAME, (P, spec.record_bytes), torch.uint8),)
-        return ((PACKED_NAME, (P, spec.record_bytes // dtype.bytes), torch_dtype(dtype)),)
-    layouts = []
+            return {PACKED_NAME: ((num_pages, P, spec.record_bytes), torch.uint8)}
+        return {PACKED_NAME: ((num_pages, P, spec.record_bytes // dtype.bytes), torch_dtype(dtype))}
+    layouts = {}
     for seg in spec.segments:
         heads = () if seg.shared else (seg.copies,)
-        layouts.append((seg.name, (P, *heads, seg.dim), torch_dtype(seg.dtype)))
+        layouts[seg.name] = ((num_pages, P, *heads, seg.dim), torch_dtype(seg.dtype))
         if seg.scale_group:
-            layouts.append((seg.scale_tensor, (P, *heads, seg.scales_per_copy), torch.float32))
-    return tuple(layouts)
+            layouts[seg.scale_tensor] = ((num_pages, P, *heads, seg.scales_per_copy), torch.float32)
+    return layouts
 
 
 def new_cache(spec: Spec, num_pages: int, device="cuda"):
