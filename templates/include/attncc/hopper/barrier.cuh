@@ -1,0 +1,66 @@
+// attncc/hopper/barrier.cuh: sm_90a pipeline primitives, one function per PTX instruction (PTX
+// ISA 9.7.13.15 mbarrier, 9.7.9.25 cp.async.mbarrier.arrive, 9.7.13.4 membar/fence.proxy,
+// 9.7.19.5 setmaxnreg): what a producer warp group and its consumers hand KV stages over with.
+//
+//   producer, stage s:  wait EMPTY[s] (phase), issue cp.async into s,
+//                       cp_async_arrive(FULL[s])        the arrival lands when the copies do
+//   consumer, stage s:  wait FULL[s] (phase), fence_async_shared() before wgmma reads it,
+//                       ... wgmma ..., arrive(EMPTY[s]) once its products are done (wait_group)
+//
+// NOT YET RUN ON A GPU (the first kernel of the Hopper family will use them).
+#pragma once
+
+#include <cstdint>
+
+namespace attncc {
+namespace hopper {
+
+// A barrier that completes a phase when `count` threads have arrived.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Make the inits visible to the async proxy and the other threads (after mbarrier_init, before
+// the barrier's first use by another thread: with a __syncthreads).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+
+// This thread's arrival is counted when all its cp.async issued so far have landed (noinc:
+// the arrival is one of the `count` the barrier was initialised with).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Spin until phase `parity` (0, 1, 0, ...) of the barrier has completed.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Generic-proxy writes (st.shared, cp.async) become visible to the async proxy (wgmma, TMA).
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Warp-group register budgets: producers give registers back, consumers take them.
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+}  // namespace hopper
+}  // namespace attncc
