@@ -20,7 +20,7 @@ HEADER = TEMPLATES_DIR / "include" / "attncc" / "abi.h"
 @lru_cache(maxsize=None)
 def header_define(name: str) -> int:
     """An integer `#define` of abi.h."""
-    found = re.search(rf"^#define {name} (\d+)\s*$", HEADER.read_text(), re.M)
+    found = re.search(rf"^#define {name} (\d+)\s*(?:/\*.*\*/\s*)?$", HEADER.read_text(), re.M)
     if found is None:
         raise RuntimeError(f"{HEADER} defines no {name}")
     return int(found.group(1))
@@ -28,6 +28,10 @@ def header_define(name: str) -> int:
 
 ABI_VERSION = header_define("ATTNCC_ABI_VERSION")
 MAX_TENSORS = header_define("ATTNCC_MAX_TENSORS")
+# the bits a kernel ORs into AttnccArgs.flags for a bad value (devicecheck.py names them)
+FLAG_PAGE = header_define("ATTNCC_FLAG_PAGE")
+FLAG_SEQLEN = header_define("ATTNCC_FLAG_SEQLEN")
+FLAG_INDEX = header_define("ATTNCC_FLAG_INDEX")
 
 
 class AttnccArgs(ctypes.Structure):
@@ -36,11 +40,14 @@ class AttnccArgs(ctypes.Structure):
     _fields_ = [
         ("q", ctypes.c_void_p), ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
         ("tensors", ctypes.c_void_p * MAX_TENSORS),
-        ("block_table", ctypes.c_void_p), ("block_table_stride", ctypes.c_int),
+        ("page_stride", ctypes.c_int * MAX_TENSORS), ("token_stride", ctypes.c_int * MAX_TENSORS),
+        ("head_stride", ctypes.c_int * MAX_TENSORS), ("num_pages", ctypes.c_int),
+        ("block_table", ctypes.c_void_p), ("block_table_stride", ctypes.c_int), ("block_table_cols", ctypes.c_int),
         ("seqlens", ctypes.c_void_p), ("indices", ctypes.c_void_p),
         ("partial_out", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p),
         ("batch", ctypes.c_int), ("s_q", ctypes.c_int), ("num_splits", ctypes.c_int),
-        ("num_parts", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
+        ("num_parts", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("flags", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
     ]
 
 

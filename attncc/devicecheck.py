@@ -9,10 +9,19 @@ import os
 
 import torch
 
-# bit -> (argument, what was wrong); the lowest set bit is reported first
+from . import abi
+
+# bit -> (argument, what was wrong); the lowest set bit is reported first. Bit 1 is set by
+# write_cache (torch ops), the others by the kernels (abi.h's ATTNCC_FLAG_*).
 PROBLEMS = {
     1: ("slots", "write_cache got a slot outside [0, num_pages * page size) that is not -1; "
                  "that token was not written"),
+    abi.FLAG_PAGE: ("block_table", "a page number outside [0, num_pages) where the sequence has "
+                                   "tokens; those tokens were left out of the attention"),
+    abi.FLAG_SEQLEN: ("seqlens", "a length below 0 or past what the block table's row holds "
+                                 "(max_pages * page size); it was clamped into that range"),
+    abi.FLAG_INDEX: ("indices", "an index outside [-1, num_pages * page size); that token was "
+                                "left out of the attention"),
 }
 
 
@@ -27,12 +36,17 @@ class DeviceFlags:
     def __init__(self):
         self._words: dict[torch.device, torch.Tensor] = {}
 
+    def word(self, device: torch.device) -> torch.Tensor:
+        """The device's flag word, which kernels OR their bits into (made zero on first use;
+        first used inside a CUDA graph's capture, each replay zeroes it again)."""
+        word = self._words.get(device)
+        if word is None:
+            word = self._words[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        return word
+
     def record(self, bad: torch.Tensor, bit: int) -> None:
         """OR `bit` into the device's word where the 0-dim bool `bad` is true (no sync)."""
-        word = self._words.get(bad.device)
-        if word is None:
-            word = self._words[bad.device] = torch.zeros(1, dtype=torch.int32, device=bad.device)
-        word.bitwise_or_(bad.to(torch.int32) * bit)
+        self.word(bad.device).bitwise_or_(bad.to(torch.int32) * bit)
 
     def check(self) -> None:
         """Raise the first problem recorded since the last check (reads the words: a sync)."""

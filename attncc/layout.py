@@ -16,7 +16,9 @@ CHUNK_BYTES = 16  # every copy of the cache moves 16-byte chunks (cp.async, TMA,
 @dataclass(frozen=True)
 class TensorPlan:
     name: str
-    token_stride_bytes: int
+    token_stride_bytes: int  # a token's bytes in the tensor (its stride when contiguous)
+    head_axis: bool          # kv heads are a dimension of the tensor (a separate per-head
+                             # segment), with a stride of the view's; else a place in the record
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ def _token_bytes(shape, dtype) -> int:
 
 def _tensors(spec: Spec) -> tuple[TensorPlan, ...]:
     layouts = storage.tensor_layouts(spec, 1)
-    return tuple(TensorPlan(name, _token_bytes(shape, dtype)) for name, (shape, dtype) in layouts.items())
+    return tuple(TensorPlan(name, _token_bytes(shape, dtype), len(shape) == 4)
+                 for name, (shape, dtype) in layouts.items())
 
 
 def _sources(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[SourcePlan, ...]:

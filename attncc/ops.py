@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from . import reference, split, storage, validate
+from . import devicecheck, reference, split, storage, validate
 from .abi import AttnccArgs, Library
 from .cache import build
 from .ir import Spec
@@ -34,22 +34,37 @@ def _aligned(name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _cache_tensor(i: int, t: torch.Tensor) -> torch.Tensor:
-    """The kernels of ABI version 1 take a contiguous cache (strides are compile-time)."""
-    if not t.is_contiguous():
-        raise ValueError(f"cache tensor {i}: a strided view of a cache (strides {tuple(t.stride())}) runs "
-                         "on the CPU reference; the CUDA kernels of this version read contiguous caches "
-                         "only (page, token and head strides reach them with the next ABI version): "
-                         "pass a contiguous cache")
-    return _aligned(f"cache tensor {i}", t)
+def _cache_view(spec: Spec, plan: Plan, i: int, t: torch.Tensor) -> torch.Tensor:
+    """Cache tensor i in the plan's canonical shape ([pages, P(, heads), dim], a view: any page,
+    token and head strides), checked for what the kernels' copies need (validate.py's rule:
+    16-byte rows, 4 for fp32 scales)."""
+    name = plan.layout.tensors[i].name
+    view = storage.canonical(spec, name, t)
+    align = validate.SCALE_ALIGN if view.dtype == torch.float32 else validate.ROW_ALIGN
+    validate.cache_strides(f"cache tensor {i} (`{name}`)", view, align)
+    if view.data_ptr() % align:
+        raise ValueError(f"cache tensor {i} (`{name}`): expected a {align}-byte aligned view (one "
+                         f"at element offset {t.storage_offset()} is not); pass a copy")
+    return view
 
 
-def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
-                 scale: float, splits: int = 0, out=None, lse=None):
-    """One launch; writes into out and lse when given (checked by the caller), else new ones."""
+def _strides(view: torch.Tensor, head_axis: bool) -> tuple[int, int, int]:
+    """(page, token, head) strides of a canonical cache view, in bytes (32-bit in AttnccArgs)."""
+    size = view.element_size()
+    strides = (view.stride(0) * size, view.stride(1) * size, view.stride(2) * size if head_axis else 0)
+    if max(strides) >= 2 ** 31:
+        raise ValueError(f"cache: a stride of {max(strides)} bytes (strides {tuple(view.stride())}); the "
+                         "kernels take page, token and head strides below 2^31 bytes")
+    return strides
+
+
+def cuda_forward(spec: Spec, plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
+                 scale: float, splits: int = 0, out=None, lse=None, flags=None):
+    """One launch; writes into out and lse when given (checked by the caller), else new ones.
+    flags: the device word the kernels' value checks report into (devicecheck.py), or None."""
     scale = validate.softmax_scale(scale)  # the op may be called without the Kernel
     q = _aligned("q", q.contiguous())
-    cache = [_cache_tensor(i, t) for i, t in enumerate(cache)]
+    cache = [_cache_view(spec, plan, i, t) for i, t in enumerate(cache)]
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()  # rows may be strided, entries may not
     seqlens = None if seqlens is None else seqlens.contiguous()
@@ -69,10 +84,14 @@ def cuda_forward(plan: Plan, library: Library, q, cache, block_table, seqlens, i
         partial_lse = torch.empty(workspace[1], dtype=torch.float32, device=q.device)
     args = AttnccArgs()
     args.q, args.out, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
-    for i, t in enumerate(cache):
+    for i, (t, tp) in enumerate(zip(cache, plan.layout.tensors)):
         args.tensors[i] = t.data_ptr()
+        args.page_stride[i], args.token_stride[i], args.head_stride[i] = _strides(t, tp.head_axis)
+    args.num_pages = cache[0].shape[0]
     args.block_table = _ptr(block_table)
     args.block_table_stride = block_table.stride(0) if block_table is not None else 0
+    args.block_table_cols = block_table.shape[1] if block_table is not None else 0
+    args.flags = _ptr(flags)
     args.seqlens, args.indices = _ptr(seqlens), _ptr(indices)
     args.partial_out, args.partial_lse = _ptr(partial_out), _ptr(partial_lse)
     args.batch, args.s_q, args.num_splits, args.num_parts = batch, s_q, splits, parts
@@ -106,11 +125,17 @@ def op_for(spec: Spec, plan: Plan):
     if qualname in _OPS:
         return _OPS[qualname]
     libraries: dict[str, Library] = {}
+    flags = devicecheck.DeviceFlags()  # what the kernels' value checks found (k.check())
 
     def library() -> Library:
         if "lib" not in libraries:
             libraries["lib"] = Library(build(plan))
         return libraries["lib"]
+
+    def launch(q, cache, block_table, seqlens, indices, scale, num_splits, out=None, lse=None):
+        """The CUDA launch behind both ops (and Kernel's eager calls, which skip the dispatch)."""
+        return cuda_forward(spec, plan, library(), q, cache, block_table, seqlens, indices, scale,
+                            num_splits, out=out, lse=lse, flags=flags.word(q.device))
 
     def cpu(q, cache, block_table, seqlens, indices, scale):
         cache_arg = dict(zip(storage.tensor_layouts(spec, 1), cache)) if spec.separate else cache[0]
@@ -125,8 +150,7 @@ def op_for(spec: Spec, plan: Plan):
 
     @attention.register_kernel("cuda")
     def _(q, cache, block_table, seqlens, indices, scale, num_splits):
-        return cuda_forward(plan, library(), q, cache, block_table, seqlens, indices, scale,
-                            num_splits)
+        return launch(q, cache, block_table, seqlens, indices, scale, num_splits)
 
     @attention.register_fake
     def _(q, cache, block_table, seqlens, indices, scale, num_splits):
@@ -145,8 +169,7 @@ def op_for(spec: Spec, plan: Plan):
 
     @attention_into.register_kernel("cuda")
     def _(q, cache, block_table, seqlens, indices, scale, num_splits, out, lse):
-        cuda_forward(plan, library(), q, cache, block_table, seqlens, indices, scale, num_splits,
-                     out=out, lse=lse)
+        launch(q, cache, block_table, seqlens, indices, scale, num_splits, out, lse)
 
     @attention_into.register_fake
     def _(q, cache, block_table, seqlens, indices, scale, num_splits, out, lse):
@@ -154,6 +177,8 @@ def op_for(spec: Spec, plan: Plan):
 
     attention.into = attention_into
     attention.library = library  # for build-ahead (Kernel.build) and benchmarks
+    attention.flags = flags      # the Kernel's k.check() reads them
+    attention.launch = launch    # the Kernel's eager calls on plain CUDA tensors
     _OPS[qualname] = attention
     return attention
 

@@ -45,7 +45,7 @@ ROW_ALIGN = 16   # the kernels copy a token's values in 16-byte chunks
 SCALE_ALIGN = 4  # and fp32 scales one at a time
 
 
-def _cache_strides(label: str, t: torch.Tensor, align: int) -> None:
+def cache_strides(label: str, t: torch.Tensor, align: int) -> None:
     """A cache view: any page, token and head strides, the innermost dimension contiguous and
     every row it holds `align`-byte aligned. (A contiguous tensor is the spec's own layout.)"""
     if t.is_contiguous():
@@ -85,7 +85,7 @@ def cache_pages(spec: Spec, cache, device=None) -> int:
         label = "cache" if not spec.separate else f"cache[{name!r}]"
         view = storage.canonical(spec, name, tensors[name])
         _expect_tensor(label, view, shape, dtype, device)
-        _cache_strides(label, view, SCALE_ALIGN if dtype == torch.float32 else ROW_ALIGN)
+        cache_strides(label, view, SCALE_ALIGN if dtype == torch.float32 else ROW_ALIGN)
     if pages < 1:
         raise ValueError("cache: expected at least one page")
     return pages
@@ -94,8 +94,9 @@ def cache_pages(spec: Spec, cache, device=None) -> int:
 def call_arguments(spec: Spec, q, cache, block_table, seqlens, indices,
                    check_values: bool = True) -> None:
     """Check shapes, dtypes and devices; with check_values also the contents that would
-    make the kernel read out of bounds (read back from the device in one copy: one host
-    sync per eager call; skipped under capture and compilation)."""
+    make the kernel read out of bounds (read back from the device in one copy: a host sync;
+    the caller asks for it on CPU tensors and with ATTNCC_CHECK=1, never under capture or
+    compilation; the CUDA kernels check the same values themselves, devicecheck.py)."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
     elem = storage.torch_dtype(spec.elem)
@@ -129,6 +130,9 @@ def call_arguments(spec: Spec, q, cache, block_table, seqlens, indices,
         raise TypeError(f"{missing}: required for dense spec `{spec.name}`")
     _expect_tensor("block_table", block_table, (batch, None), torch.int32, q.device)
     _expect_tensor("seqlens", seqlens, (batch,), torch.int32, q.device)
+    if block_table.shape[1] * spec.page_size >= 2 ** 31:
+        raise ValueError(f"block_table: {block_table.shape[1]} pages of {spec.page_size} tokens a "
+                         "sequence: the kernels count positions in 32-bit integers (at most 2^31 - 1)")
     if not check_values or batch == 0:
         return
     used_pages = (seqlens.long().clamp(min=0) + spec.page_size - 1) // spec.page_size

@@ -1,14 +1,14 @@
 """Same-process A/B of two builds of one plan's kernel library (GPU).
 
     python3 bench/ab.py SPEC A.so B.so [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64]
-                        [--rounds 15] [--legacy A]
+                        [--rounds 15]
 
 Both libraries get the same inputs (attncc.bench.inputs: random cache larger than L2, pages
 in random order) through the same AttnccArgs; each round times one call of A and one of B
 (CUDA events, L2 flushed before each, a spin kernel covering the enqueue), alternating which
 goes first. Prints the median of each, the ratio, and whether the outputs are bitwise equal.
-`--legacy A` (or B) loads that library without the ABI check (a build from before the
-versioned ABI, whose AttnccArgs had the same fields)."""
+Each library is driven through the AttnccArgs of its own ABI version (1, from before strides
+and device flags, or today's), so builds from before a version change can be compared."""
 from __future__ import annotations
 
 import argparse
@@ -21,19 +21,40 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attncc import abi, bench, split  # noqa: E402
+from attncc import abi, bench, ops, split  # noqa: E402
 from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
 from attncc.ops import cache_list  # noqa: E402
 
 
-def load(path: str, legacy: bool):
-    if not legacy:
-        return abi.Library(Path(path))
+class AttnccArgsV1(ctypes.Structure):
+    """AttnccArgs of ABI version 1 (before strides, page counts and flags), field for field:
+    so that builds from before version 2 can be timed beside today's."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+        ("tensors", ctypes.c_void_p * abi.MAX_TENSORS),
+        ("block_table", ctypes.c_void_p), ("block_table_stride", ctypes.c_int),
+        ("seqlens", ctypes.c_void_p), ("indices", ctypes.c_void_p),
+        ("partial_out", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p),
+        ("batch", ctypes.c_int), ("s_q", ctypes.c_int), ("num_splits", ctypes.c_int),
+        ("num_parts", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("stream", ctypes.c_void_p),
+    ]
+
+
+def load(path: str):
+    """A library of any ABI version this script knows (1: no attncc_abi_version export, or 1;
+    2: today's), with the struct its attncc_launch takes."""
+    dll = ctypes.CDLL(path)
+    version = dll.attncc_abi_version() if hasattr(dll, "attncc_abi_version") else 1
+    struct = {1: AttnccArgsV1, abi.ABI_VERSION: abi.AttnccArgs}.get(version)
+    if struct is None:
+        raise SystemExit(f"{path}: ABI version {version}, which this script cannot drive")
     lib = abi.Library.__new__(abi.Library)
-    lib.path, lib.dll, lib._ctas_per_sm = Path(path), ctypes.CDLL(path), None
-    lib.dll.attncc_launch.argtypes = [ctypes.POINTER(abi.AttnccArgs)]
+    lib.path, lib.dll, lib._ctas_per_sm = Path(path), dll, None
+    lib.dll.attncc_launch.argtypes = [ctypes.POINTER(struct)]
     lib.dll.attncc_launch.restype = ctypes.c_int
+    lib.struct = struct
     return lib
 
 
@@ -51,10 +72,22 @@ def make_args(plan, lib, case, spec):
     if ws is not None:
         po = torch.empty(ws[0], dtype=torch.float32, device="cuda")
         pl = torch.empty(ws[1], dtype=torch.float32, device="cuda")
-    a = abi.AttnccArgs()
+    a = lib.struct()
     a.q, a.out, a.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
-    for i, t in enumerate(cache_list(spec, case.cache)):
+    tensors = cache_list(spec, case.cache)
+    for i, t in enumerate(tensors):
         a.tensors[i] = t.data_ptr()
+    flags = None
+    if lib.struct is abi.AttnccArgs:  # version 2: strides, page count, flags
+        for i, t in enumerate(tensors):
+            view = ops._cache_view(spec, plan, i, t)
+            a.page_stride[i], a.token_stride[i], a.head_stride[i] = ops._strides(
+                view, plan.layout.tensors[i].head_axis)
+        a.num_pages = tensors[0].shape[0]
+        if case.block_table is not None:
+            a.block_table_cols = case.block_table.shape[1]
+        flags = torch.zeros(1, dtype=torch.int32, device="cuda")
+        a.flags = flags.data_ptr()
     if case.block_table is not None:
         a.block_table, a.block_table_stride = case.block_table.data_ptr(), case.block_table.stride(0)
         a.seqlens = case.seqlens.data_ptr()
@@ -65,7 +98,7 @@ def make_args(plan, lib, case, spec):
     a.batch, a.s_q, a.num_splits, a.num_parts = batch, s_q, splits, parts
     a.softmax_scale = spec.softmax_scale
     a.stream = torch.cuda.current_stream().cuda_stream
-    return a, (out, lse, po, pl), (splits, parts)
+    return a, (out, lse, po, pl, flags), (splits, parts)
 
 
 def main(argv=None) -> int:
@@ -79,12 +112,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--page", type=int)
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--legacy", choices=["A", "B"], action="append", default=[])
     args = ap.parse_args(argv)
     spec = check_spec(Path(args.spec))
     spec = bench.variant(spec, args.heads or spec.heads_q, args.page or spec.page_size)
     plan = Kernel(spec).plan
-    libs = {"A": load(args.a, "A" in args.legacy), "B": load(args.b, "B" in args.legacy)}
+    libs = {"A": load(args.a), "B": load(args.b)}
     cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
     case = bench.inputs(spec, cfg)
     launches = {name: make_args(plan, lib, case, spec) for name, lib in libs.items()}
@@ -108,8 +140,10 @@ def main(argv=None) -> int:
     (oa, la, *_), (ob, lb, *_) = launches["A"][1], launches["B"][1]
     same = torch.equal(oa, ob) and torch.equal(la, lb)
     ma, mb = statistics.median(times["A"]), statistics.median(times["B"])
+    flagged = [n for n in libs if launches[n][1][4] is not None and int(launches[n][1][4].item())]
     print(f"{spec.name} {cfg.label()} splits/parts {launches['A'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
-          f"B/A {mb / ma:.4f}, outputs {'bitwise equal' if same else 'DIFFER'}")
+          f"B/A {mb / ma:.4f}, outputs {'bitwise equal' if same else 'DIFFER'}"
+          + (f", FLAGGED a bad value on good inputs: {flagged}" if flagged else ""))
     return 0
 
 

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         ("  k.op(...): dispatcher + launch", lambda: k.op(case.q, cache, case.block_table, case.seqlens,
                                                         case.indices, spec.softmax_scale, 0)),
         ("  ops.cuda_forward: launch body", lambda: ops.cuda_forward(
-            k.plan, lib, case.q, cache, case.block_table, case.seqlens, case.indices, spec.softmax_scale, 0)),
+            k.spec, k.plan, lib, case.q, cache, case.block_table, case.seqlens, case.indices, spec.softmax_scale, 0)),
     ]
     results = [(label, bench.host_seconds(fn, args.calls) * 1e6) for label, fn in rows]
     print(f"{spec.name} b={args.batch} s_q={args.sq} s_k={args.seqlen}: host us per call (median of {args.calls})")

@@ -665,3 +665,22 @@ def test_a_view_the_kernels_cannot_read_is_refused_by_name(bad, words):
     k, case, _ = _view_case(MLA_TINY)
     with pytest.raises(ValueError, match=f"^cache: expected .*{words}|^cache: expected {words}"):
         k(case.q, bad(case.cache), case.block_table, case.seqlens)
+
+
+@pytest.mark.parametrize("bit, argument", [(2, "block_table"), (4, "seqlens"), (8, "indices")])
+def test_each_kernel_flag_bit_names_its_argument(bit, argument):
+    """The bits the kernels OR into AttnccArgs.flags are abi.h's, read from it."""
+    from attncc import abi
+    from attncc.devicecheck import DeviceFlags
+
+    assert {abi.FLAG_PAGE: "block_table", abi.FLAG_SEQLEN: "seqlens", abi.FLAG_INDEX: "indices"}[bit] == argument
+    flags = DeviceFlags()
+    flags.word(torch.device("cpu")).fill_(bit | 16 * bit)  # as a kernel's atomicOr leaves it
+    with pytest.raises(ValueError, match=f"^{argument}: "):
+        flags.check()
+    flags.check()  # cleared
+
+
+def test_one_kernel_shares_its_flags_with_its_op():
+    k = attncc.compile(MLA_TINY)
+    assert k._flags is k.op.flags

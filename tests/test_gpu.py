@@ -270,16 +270,124 @@ def test_write_cache_and_attention_in_one_cuda_graph(kernels):
     assert testing.compare(spec, case, out, lse).ok, "the replayed write is what the attention read"
 
 
-def test_a_strided_cache_view_on_cuda_is_refused_until_the_kernels_take_strides(kernels):
+def _case_with(case, **changes):
+    fields = dict(q=case.q, cache=case.cache, block_table=case.block_table, seqlens=case.seqlens,
+                  indices=case.indices)
+    fields.update(changes)
+    return testing.Case(**fields)
+
+
+def test_cache_views_on_cuda_give_the_reference(kernels):
+    """The views of DESIGN.md §3a, read in place by the kernels (strides in AttnccArgs)."""
     k = kernels["mla"]
-    case = testing.random_case(k.spec, [100, 7], 1, seed=43)
-    wide = torch.zeros(*case.cache.shape[:2], case.cache.shape[2] + 64, dtype=case.cache.dtype, device="cuda")
+    case = testing.random_case(k.spec, [100, 7, 300], 1, seed=43)
+    wide = torch.full((*case.cache.shape[:2], case.cache.shape[2] + 64), float("nan"),
+                      dtype=case.cache.dtype, device="cuda")
     wide[..., :case.cache.shape[2]] = case.cache
-    view = wide[..., :case.cache.shape[2]]
-    with pytest.raises(ValueError, match="strided view of a cache .* contiguous caches only"):
-        k(case.q, view, case.block_table, case.seqlens)
-    out, lse = k(case.q, case.cache.unsqueeze(2), case.block_table, case.seqlens)  # FlashMLA's shape
+    pages, page = case.cache.shape[:2]
+    tall = torch.full((pages, page + 3, case.cache.shape[2]), float("nan"), dtype=case.cache.dtype, device="cuda")
+    tall[:, :page] = case.cache
+    # a slice of wider rows, FlashMLA's 4-D, a page-strided slice (tokens contiguous, pages not:
+    # the kernels for contiguous caches must not be chosen), and the contiguous cache itself
+    for view in (wide[..., :case.cache.shape[2]], case.cache.unsqueeze(2), tall[:, :page], case.cache):
+        out, lse = k(case.q, view, case.block_table, case.seqlens)
+        assert testing.compare(k.spec, case, out, lse).ok
+        out, lse = k.op(case.q, cache_list(k.spec, view), case.block_table, case.seqlens, case.indices,
+                        k.spec.softmax_scale, -5)  # the part-mode kernels, 5 balanced parts
+        assert testing.compare(k.spec, case, out, lse).ok
+    # FlashInfer's kv_cache[:, 0] and [:, 1] halves of one [pages, 2, P, G, d] buffer
+    k = kernels["gqa8_separate"]
+    case = testing.random_case(k.spec, [100, 7, 300], 1, seed=44)
+    names = list(case.cache)
+    both = torch.stack([case.cache[n] for n in names], dim=1)
+    view = {n: both[:, i] for i, n in enumerate(names)}
+    assert not any(v.is_contiguous() for v in view.values())
+    out, lse = k(case.q, view, case.block_table, case.seqlens)
     assert testing.compare(k.spec, case, out, lse).ok
+
+
+def test_a_cache_view_the_kernels_cannot_read_is_refused_by_name(kernels):
+    k = kernels["mla"]
+    case = testing.random_case(k.spec, [100], 1, seed=45)
+    odd = torch.zeros(*case.cache.shape[:2], case.cache.shape[2] + 4, dtype=case.cache.dtype, device="cuda")
+    with pytest.raises(ValueError, match="cache.*aligned rows"):
+        k(case.q, odd[..., :case.cache.shape[2]], case.block_table, case.seqlens)
+
+
+def test_an_eager_call_does_not_sync(kernels):
+    k = kernels["mla"]
+    case = testing.random_case(k.spec, [100, 7, 300], 2, seed=46)
+    _run(k, case)  # built and warmed up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, lse = _run(k, case)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert testing.compare(k.spec, case, out, lse).ok
+    k.check()
+
+
+@pytest.mark.parametrize("name", ["mla", "gqa8_separate", "mla_page1"])
+def test_a_bad_page_is_never_read_and_is_flagged(kernels, name):
+    """Its tokens count as absent: the result is the reference's with the sequence ending
+    where the bad page starts (its last page), and k.check() names block_table."""
+    k = kernels[name]
+    P = k.spec.page_size
+    lengths = [3 * P + 2, 2 * P + 1, P + 1]
+    case = testing.random_case(k.spec, lengths, 1, seed=47)
+    k.check()
+    bad = case.block_table.clone()
+    num_pages = storage.num_pages(case.cache)
+    for b, length in enumerate(lengths):
+        bad[b, (length - 1) // P] = (num_pages + 1000, -7, 1 << 30)[b]
+    out, lse = k(case.q, case.cache, bad, case.seqlens)
+    torch.cuda.synchronize()
+    cut = torch.tensor([(n - 1) // P * P for n in lengths], dtype=torch.int32, device="cuda")
+    assert testing.compare(k.spec, _case_with(case, seqlens=cut), out, lse).ok
+    with pytest.raises(ValueError, match="^block_table: "):
+        k.check()
+    k.check()  # cleared
+
+
+def test_a_length_past_the_block_table_is_clamped_and_flagged(kernels):
+    k = kernels["mla"]
+    P = k.spec.page_size
+    case = testing.random_case(k.spec, [2 * P, P + 3], 1, seed=48)
+    table = case.block_table[:, :2].contiguous()  # room for 2 P tokens a sequence
+    long = torch.tensor([2 * P + 40, -5], dtype=torch.int32, device="cuda")
+    out, lse = k(case.q, case.cache, table, long)
+    torch.cuda.synchronize()
+    clamped = torch.tensor([2 * P, 0], dtype=torch.int32, device="cuda")
+    assert testing.compare(k.spec, _case_with(case, block_table=table, seqlens=clamped), out, lse).ok
+    with pytest.raises(ValueError, match="^seqlens: "):
+        k.check()
+
+
+def test_an_out_of_range_sparse_index_is_never_read_and_is_flagged(kernels):
+    k = kernels["mla_fp8_sparse"]
+    case = testing.random_case(k.spec, [1, 1], 1, seed=49, empty_rows=False)
+    num_slots = storage.num_pages(case.cache) * k.spec.page_size
+    bad = case.indices.clone()
+    bad[0, 0, 0], bad[1, 0, 3] = num_slots + 5, -9
+    out, lse = k(case.q, case.cache, seqlens=case.seqlens, indices=bad)
+    torch.cuda.synchronize()
+    holes = bad.clone()
+    holes[0, 0, 0], holes[1, 0, 3] = -1, -1
+    assert testing.compare(k.spec, _case_with(case, indices=holes), out, lse).ok
+    with pytest.raises(ValueError, match="^indices: "):
+        k.check()
+
+
+def test_attncc_check_raises_before_the_launch(kernels, monkeypatch):
+    k = kernels["mla"]
+    case = testing.random_case(k.spec, [100], 1, seed=50)
+    bad = case.block_table.clone()
+    bad[0, 0] = -3
+    monkeypatch.setenv("ATTNCC_CHECK", "1")
+    with pytest.raises(ValueError, match="^block_table: entry \\[0, 0\\] = -3"):
+        k(case.q, case.cache, bad, case.seqlens)
+    k.check()  # nothing launched, nothing flagged
 
 
 @pytest.mark.parametrize("name", ["gqa8", "mla_page64_h16"])

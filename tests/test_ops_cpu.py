@@ -421,3 +421,40 @@ def test_torch_compile_fullgraph_with_dynamic_batch_and_lengths():
             ref_out, ref_lse = reference.attention(k.spec, case.q, case.cache, case.block_table, case.seqlens)
             assert torch.equal(doubled, ref_out.to(case.q.dtype) * 2) and torch.equal(out, ref_out.to(case.q.dtype))
             assert torch.equal(lse, ref_lse.float())
+
+
+def test_cache_views_reach_the_launch_as_byte_strides():
+    """What cuda_forward puts into AttnccArgs for the views of DESIGN.md §3a (the canonical
+    [pages, P(, heads), dim] view; head strides only where heads are a tensor dimension)."""
+    from attncc.ops import _cache_view, _strides
+
+    k = attncc.compile(SEPARATE_SMALL)
+    plan, spec = k.plan, k.spec
+    cache = k.new_cache(6, device="cpu")
+    assert [(t.name, t.head_axis) for t in plan.layout.tensors] == [
+        ("latent", True), ("latent_scale", True), ("rope", False)]
+    # FlashInfer's halves: latent a [:, 0] view of [pages, 2, P, heads, 64]
+    both = torch.zeros(6, 2, 4, 2, 64, dtype=cache["latent"].dtype)
+    latent = _cache_view(spec, plan, 0, both[:, 1])
+    assert _strides(latent, True) == (2 * 4 * 2 * 64, 2 * 64, 64)  # e5m2: one byte an element
+    rope = _cache_view(spec, plan, 2, cache["rope"])
+    assert _strides(rope, False) == (4 * 32 * 2, 32 * 2, 0)
+    k = attncc.compile(MLA_SMALL)
+    wide = torch.zeros(5, 4, 96 + 8, dtype=torch.bfloat16)  # a [:, :, :96] slice of wider rows
+    view = _cache_view(k.spec, k.plan, 0, wide[..., :96])
+    assert _strides(view, k.plan.layout.tensors[0].head_axis) == (4 * 104 * 2, 104 * 2, 0)
+    flashmla = _cache_view(k.spec, k.plan, 0, torch.zeros(5, 4, 1, 96, dtype=torch.bfloat16))
+    assert flashmla.shape == (5, 4, 96)
+    with pytest.raises(ValueError, match=r"^cache tensor 0 \(`cache`\): expected the innermost dimension"):
+        _cache_view(k.spec, k.plan, 0, torch.zeros(5, 4, 192, dtype=torch.bfloat16)[..., ::2])
+    with pytest.raises(ValueError, match=r"^cache tensor 0 \(`cache`\): expected 16-byte aligned rows"):
+        _cache_view(k.spec, k.plan, 0, torch.zeros(5, 4, 100, dtype=torch.bfloat16)[..., :96])
+
+
+def test_only_plain_cuda_tensors_outside_compilation_skip_the_op_dispatch():
+    from attncc.kernel import _direct_launch
+
+    assert not _direct_launch(torch.zeros(1))
+    assert not _direct_launch(torch.zeros(1, device="meta"))
+    with FakeTensorMode():
+        assert not _direct_launch(torch.zeros(1))

@@ -84,7 +84,9 @@ class MmaSyncConfig(KernelConfig):
     kv_off: int
     raw_off: int
     p_off: int
-    slot_off: int             # stages + 1 rings of tile_n slots
+    slot_off: int             # stages + 1 ring entries: tile_n slots, then the tile's hole words
+    slot_pitch: int           # ... ints from one entry to the next
+    hole_words: int           # ... one per 32 tokens: the ballot of its bad page numbers (dense)
     red_off: int              # [tile_m][warps_n] floats: row-group reductions
     work_off: int             # the CTA's work, then (walk_off) its part walk
     walk_off: int
@@ -133,7 +135,9 @@ def smem_regions(d_k: int, layout: Layout, tile_m: int, tile_n: int, stages: int
     r["raw_off"] = r["kv_off"] + kv_buffers * r["kv_tile_bytes"]
     r["p_off"] = r["raw_off"] + (stages * r["raw_tile_bytes"] if raw else 0)
     r["slot_off"] = r["p_off"] + p.bytes(tile_m)
-    r["red_off"] = r["slot_off"] + (stages + 1) * tile_n * SLOT_BYTES
+    r["hole_words"] = -(-tile_n // 32)
+    r["slot_pitch"] = tile_n + -(-r["hole_words"] // 4) * 4  # hole words 16-byte aligned (tile_n % 16 == 0)
+    r["red_off"] = r["slot_off"] + (stages + 1) * r["slot_pitch"] * SLOT_BYTES
     r["work_off"] = r["red_off"] + warps_n * tile_m * 4
     r.update(walk_off=WALK_OFFSET, work_bytes=WORK_BYTES, smem_bytes=r["work_off"] + WORK_BYTES)
     return r
@@ -340,7 +344,8 @@ class MmaSyncFamily(Family):
             q_rows=s["q_rows"], kv_rows=s["kv_rows"], p_rows=s["p_rows"],
             kv_buffers=s["kv_buffers"], kv_tile_bytes=s["kv_tile_bytes"],
             raw_tile_bytes=s["raw_tile_bytes"], q_off=s["q_off"], kv_off=s["kv_off"],
-            raw_off=s["raw_off"], p_off=s["p_off"], slot_off=s["slot_off"], red_off=s["red_off"],
+            raw_off=s["raw_off"], p_off=s["p_off"], slot_off=s["slot_off"], slot_pitch=s["slot_pitch"],
+            hole_words=s["hole_words"], red_off=s["red_off"],
             work_off=s["work_off"], walk_off=s["walk_off"], work_bytes=s["work_bytes"],
             row_group_barrier0=1, pair_barrier0=pair0, full_barrier0=full0,
             empty_barrier0=empty0, barriers=barriers,

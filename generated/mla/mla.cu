@@ -22,8 +22,11 @@ struct Config {
   // cache layout
   static constexpr int kPageSize = 64;
   static constexpr int kNumTensors = 1;
-  static constexpr long long kTokenStride[kNumTensors] = {
+  static constexpr long long kTokenStride[kNumTensors] = {  // a token's bytes (the stride when contiguous)
       1152,  // cache
+  };
+  static constexpr bool kHeadAxis[kNumTensors] = {  // kv heads a dimension of the tensor (runtime stride)
+      false,  // cache
   };
   static constexpr int kNumSources = 2;
   static constexpr attncc::Source kSources[kNumSources] = {
@@ -44,7 +47,7 @@ struct Config {
   static constexpr int kTileN = 64;  // `tile kv = 64`
   static constexpr int kStages = 2;  // `stages 2`
   static constexpr int kThreads = 256;
-  static constexpr int kSmemBytes = 231296;  // <= 232448 B (sm90a)
+  static constexpr int kSmemBytes = 231344;  // <= 232448 B (sm90a)
   static constexpr int kRegisters = 255;  // launch bounds (256 threads, 1 CTA): 255 per thread
   static constexpr bool kComputeBound = true;  // 2 tile_m (d_k + d_v) = 139264 >= 64 x 1152 record bytes per kv head
   static constexpr int kWarps = 8;  // 4 warps have no legal layout
@@ -85,8 +88,10 @@ struct Config {
   static constexpr int kRawOff = 221184;
   static constexpr int kPOff = 221184;
   static constexpr int kSlotOff = 229376;
-  static constexpr int kRedOff = 230144;
-  static constexpr int kWorkOff = 231168;
+  static constexpr int kSlotPitch = 68;
+  static constexpr int kHoleWords = 2;
+  static constexpr int kRedOff = 230192;
+  static constexpr int kWorkOff = 231216;
   static constexpr int kWalkOff = 64;
   static constexpr int kWorkBytes = 128;
   static constexpr int kRowGroupBarrier0 = 1;
@@ -121,7 +126,11 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   if (err != cudaSuccess || a.batch == 0) return err;
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
 
-  const auto kernel = a.num_parts > 0 ? attncc::decode_parts_kernel<Config> : attncc::decode_kernel<Config>;
+  // the kernels of the contiguous cache where the call's strides allow (core/paging.cuh)
+  using Contiguous = attncc::ContiguousCache<Config>;
+  const bool contiguous = attncc::cache_is_contiguous<Config>(a);
+  const auto kernel = a.num_parts > 0 ? (contiguous ? attncc::decode_parts_kernel<Contiguous> : attncc::decode_parts_kernel<Config>)
+                                      : (contiguous ? attncc::decode_kernel<Contiguous> : attncc::decode_kernel<Config>);
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Decode::kSmemBytes);
   if (err != cudaSuccess) return err;
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));

@@ -16,8 +16,17 @@
  * the version and the tensor limit from this file: they are defined here only). Any change to
  * AttnccArgs or to the meaning of a field bumps ATTNCC_ABI_VERSION. Plain C: no C++ here.
  *
- * Tensor conventions (DESIGN.md section 3). All tensors are contiguous; d_k, d_v, h_q, h_kv,
- * page size, top-k and the cache layout are compile-time properties of the library.
+ * Tensor conventions (DESIGN.md section 3). q, out, lse, block_table rows, seqlens, indices and
+ * the workspace are contiguous. A cache tensor may be a view (DESIGN.md section 3a): its
+ * innermost dimension contiguous, its base and its page, token and head strides (bytes, in
+ * page_stride, token_stride, head_stride; head_stride only for a tensor with a head axis)
+ * multiples of 16. d_k, d_v, h_q, h_kv, page size, top-k and the record layout are
+ * compile-time properties of the library.
+ *
+ * Values are checked on the device, never read back by the host: a page number outside
+ * [0, num_pages), a length outside [0, block_table_cols * page size], a sparse index outside
+ * [-1, num_pages * page size) is not dereferenced (its tokens count as absent, a length is
+ * clamped) and ORs its ATTNCC_FLAG_* bit into *flags (when flags is not NULL).
  * Workspace (attncc/split.py's workspace_shapes is the host's one statement of it):
  *   split mode  partial_out [num_splits, b, s_q, h_q, d_v], partial_lse [num_splits, b, s_q, h_q]
  *   part mode   partial_out [2 num_parts, 1, s_q, h_q, d_v], partial_lse [2 num_parts, 1, s_q, h_q]
@@ -29,16 +38,26 @@
 extern "C" {
 #endif
 
-#define ATTNCC_ABI_VERSION 1
+#define ATTNCC_ABI_VERSION 2
 #define ATTNCC_MAX_TENSORS 8
+
+/* bits of *flags (attncc/devicecheck.py names the argument of each) */
+#define ATTNCC_FLAG_PAGE 2    /* block_table: a page number outside [0, num_pages) */
+#define ATTNCC_FLAG_SEQLEN 4  /* seqlens: a length outside [0, block_table_cols * page size] */
+#define ATTNCC_FLAG_INDEX 8   /* indices: an index outside [-1, num_pages * page size) */
 
 typedef struct AttnccArgs {
   const void* q;          /* [b, s_q, h_q, d_k] elem */
   void* out;              /* [b, s_q, h_q, d_v] elem */
   float* lse;             /* [b, h_q, s_q] float32, natural log; -inf for a query that sees nothing */
   const void* tensors[ATTNCC_MAX_TENSORS]; /* the plan's cache tensors, in plan order; 16-byte aligned */
-  const int* block_table; /* [b, block_table_stride] int32 page numbers; NULL when sparse */
+  int page_stride[ATTNCC_MAX_TENSORS];  /* bytes from a page of tensors[i] to the next (< 2^31) */
+  int token_stride[ATTNCC_MAX_TENSORS]; /* bytes from a token of a page to the next (< 2^31) */
+  int head_stride[ATTNCC_MAX_TENSORS];  /* bytes from a kv head to the next (0: no head axis; < 2^31) */
+  int num_pages;          /* pages of every cache tensor (its first dimension) */
+  const int* block_table; /* [b, block_table_cols] int32 page numbers, rows block_table_stride apart; NULL when sparse */
   int block_table_stride; /* in elements */
+  int block_table_cols;   /* page numbers in a row; block_table_cols * page size < 2^31 */
   const int* seqlens;     /* [b] int32: cached length including the s_q new tokens; unused when sparse */
   const int* indices;     /* sparse only: [b, s_q, topk] int32 slots (page * P + offset), -1 = none */
   float* partial_out;     /* workspace [num_splits, b, s_q, h_q, d_v] float32 (split mode), or
@@ -49,6 +68,7 @@ typedef struct AttnccArgs {
   int num_parts;          /* part mode when > 0: all sequences' tiles cut into this many equal parts
                              (attncc/schedule.cuh); the grid is num_parts x (row blocks x kv heads) */
   float softmax_scale;    /* natural scale; the kernel uses scale * log2(e) with exp2 */
+  int* flags;             /* device word the value checks OR their ATTNCC_FLAG_* bits into, or NULL */
   void* stream;           /* cudaStream_t */
 } AttnccArgs;
 

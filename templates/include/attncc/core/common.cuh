@@ -22,14 +22,17 @@ __host__ __device__ constexpr bool is_fp8(Dtype d) { return d == Dtype::kE4M3 ||
 __host__ __device__ constexpr int dtype_bytes(Dtype d) { return is_fp8(d) ? 1 : 2; }
 
 // One run of the token record that is staged into shared memory (the plan's "sources").
-// Element e of the run, for kv head j and token slot s, lives at
-//   tensors[tensor] + s * token_stride[tensor] + offset_bytes + j * head_stride_bytes + e * bytes(dtype)
+// Element e of the run, for kv head j and token slot s (page s / P, token s % P), lives at
+//   tensors[tensor] + (s / P) page_stride[tensor] + (s % P) token_stride[tensor] (abi.h: the view's)
+//     + offset_bytes + j * head_stride + e * bytes(dtype)
+// where head_stride is the view's head_stride[tensor] where kHeadAxis[tensor] (a separate
+// per-head tensor), else head_stride_bytes (a place in the record; likewise for scales).
 // and lands in staged column smem_col + e. In a raw row (fp8 records are copied raw, then
 // dequantized) its bytes sit at raw_offset and its scales at raw_scale_offset. An fp8 run
 // carries scale_count fp32 scales, one per `scale_group` elements of its segment, from group
 // scale_first_group on, at
-//   tensors[scale_tensor] + s * token_stride[scale_tensor] + scale_offset_bytes
-//     + j * scale_head_stride_bytes + ((seg_lo + e) / scale_group) * 4.
+//   tensors[scale_tensor] + (token offset of s) + scale_offset_bytes
+//     + j * (head stride) + ((seg_lo + e) / scale_group) * 4.
 struct Source {
   int tensor;
   int offset_bytes;

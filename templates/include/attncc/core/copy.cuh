@@ -2,7 +2,7 @@
 //
 // 16-byte cp.async copies (cp.async.cg, L1 bypassed), zero-filled for slot -1 so that masked
 // tokens read as 0 (never NaN: unused slots may hold anything). The slots come from
-// paging.cuh.
+// paging.cuh, and so does a slot's byte offset in a cache tensor of any page and token strides.
 //   - 16-bit runs go straight into the staged tile at their staged columns (direct mode);
 //   - when the record has an fp8 run, every run goes into a "raw" row of the record (each run's
 //     bytes at its raw_offset, fp8 scales at raw_scale_offset, rows Cfg::kRawPitchBytes apart;
@@ -12,6 +12,7 @@
 
 #include "attncc/abi.h"
 #include "attncc/core/common.cuh"
+#include "attncc/core/paging.cuh"
 #include "attncc/core/ptx.cuh"
 #include "attncc/core/smem.cuh"
 
@@ -20,10 +21,22 @@ namespace attncc {
 // ------------------------------------------------------------------------------------------
 // Tile copies
 
-// Byte address of the first element of run `src` for kv head `head` of token slot 0.
-template <class Cfg, class Src>
-__device__ __forceinline__ const char* run_base(const AttnccArgs& a, const Src& src, int head) {
-  return static_cast<const char*>(a.tensors[src.tensor]) + src.offset_bytes + head * src.head_stride_bytes;
+// Byte address of the first element of run `src` for kv head `head` of token slot 0: a kv head
+// is a tensor dimension of any stride (a separate per-head tensor) or a place in the record.
+template <class Cfg, int I>
+__device__ __forceinline__ const char* run_base(const AttnccArgs& a, int head) {
+  constexpr Source src = Cfg::kSources[I];
+  const long long head_bytes = Cfg::kHeadAxis[src.tensor] ? static_cast<long long>(head) * a.head_stride[src.tensor]
+                                                          : static_cast<long long>(head) * src.head_stride_bytes;
+  return static_cast<const char*>(a.tensors[src.tensor]) + src.offset_bytes + head_bytes;
+}
+template <class Cfg, int I>
+__device__ __forceinline__ const char* scale_base(const AttnccArgs& a, int head) {
+  constexpr Source src = Cfg::kSources[I];
+  const long long head_bytes = Cfg::kHeadAxis[src.scale_tensor] ? static_cast<long long>(head) * a.head_stride[src.scale_tensor]
+                                                                : static_cast<long long>(head) * src.scale_head_stride_bytes;
+  return static_cast<const char*>(a.tensors[src.scale_tensor]) + src.scale_offset_bytes + head_bytes +
+         src.scale_first_group * 4;
 }
 
 // Split a [kRows x kPerRow] grid of work items over kThreads threads; visit(k, ...) calls
@@ -136,8 +149,7 @@ struct TileCopy {
         c.valid[u] = slot >= 0;
         static_for<Cfg::kNumSources>([&](auto si) {
           constexpr Source src = Cfg::kSources[decltype(si)::value];
-          constexpr long long kStride = Cfg::kTokenStride[src.tensor];
-          c.row[u][decltype(si)::value] = run_base<Cfg>(a, src, head) + max(slot, 0) * kStride + tid % kTPT * 16;
+          c.row[u][decltype(si)::value] = run_base<Cfg, decltype(si)::value>(a, head) + token_offset<Cfg, src.tensor>(a, max(slot, 0)) + tid % kTPT * 16;
         });
       }
     }
@@ -153,7 +165,6 @@ struct TileCopy {
         constexpr Source src = Cfg::kSources[kI];
         constexpr int kFirst = first_item(kI);
         if constexpr (kFirst < hi && kFirst + data_items(kI) + scale_items(kI) > lo) {
-          constexpr long long kStride = Cfg::kTokenStride[src.tensor];
           constexpr int kPerRow = src.data_bytes() / 16;
           static_for<data_items(kI)>([&](auto ki) {
             constexpr int k = decltype(ki)::value;
@@ -171,7 +182,7 @@ struct TileCopy {
                   cp_async_16(d, cur.row[u][kI] + j * kTPT * 16, cur.valid[u]);
                 }
               } else {
-                const char* base = run_base<Cfg>(a, src, cur.head);
+                const char* base = run_base<Cfg, kI>(a, cur.head);
                 DataGrid<kI>::visit(k, tid, [&](int tok, int ch) {
                   const int slot = cur.slots[tok];
                   uint32_t d;
@@ -180,23 +191,21 @@ struct TileCopy {
                   } else {
                     d = dst + Rows::chunk_offset(tok, src.smem_col / 8 + ch);
                   }
-                  cp_async_16(d, base + max(slot, 0) * kStride + ch * 16, slot >= 0);
+                  cp_async_16(d, base + token_offset<Cfg, src.tensor>(a, max(slot, 0)) + ch * 16, slot >= 0);
                 });
               }
             }
           });
           if constexpr (scale_items(kI) > 0) {
-            constexpr long long kScaleStride = Cfg::kTokenStride[src.scale_tensor];
             static_for<scale_items(kI)>([&](auto ki) {
               constexpr int k = decltype(ki)::value;
               constexpr int item = kFirst + data_items(kI) + k;
               if constexpr (item >= lo && item < hi) {
-                const char* sbase = static_cast<const char*>(a.tensors[src.scale_tensor]) + src.scale_offset_bytes +
-                                    cur.head * src.scale_head_stride_bytes + src.scale_first_group * 4;
+                const char* sbase = scale_base<Cfg, kI>(a, cur.head);
                 ScaleGrid<kI>::visit(k, tid, [&](int tok, int g) {
                   const int slot = cur.slots[tok];
                   cp_async_4(dst + tok * kRawPitch + src.raw_scale_offset + g * 4,
-                             sbase + max(slot, 0) * kScaleStride + g * 4, slot >= 0);
+                             sbase + token_offset<Cfg, src.scale_tensor>(a, max(slot, 0)) + g * 4, slot >= 0);
                 });
               }
             });

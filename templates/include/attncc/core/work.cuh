@@ -11,6 +11,7 @@
 
 #include "attncc/abi.h"
 #include "attncc/core/common.cuh"
+#include "attncc/core/paging.cuh"
 #include "attncc/core/schedule.cuh"
 
 namespace attncc {
@@ -34,9 +35,18 @@ struct CtaWork {
   __host__ __device__ __forceinline__ static int num_seqs(const AttnccArgs& a) { return Cfg::kSparse ? a.batch * a.s_q : a.batch; }
   // Query rows of one sequence, contiguous in [b, s_q, h_q]: dense s_q h_q, sparse h_q.
   __host__ __device__ __forceinline__ static int seq_rows(int s_q) { return Cfg::kSparse ? Cfg::kHeadsQ : s_q * Cfg::kHeadsQ; }
+  // The cached length of a sequence as the kernels use it (dense: clamped, paging.cuh).
+  __device__ __forceinline__ static int kv_len(const AttnccArgs& a, int seq, bool& bad) {
+    bad = false;
+    if constexpr (Cfg::kSparse) {
+      return Cfg::kTopK;
+    } else {
+      return kv_length<Cfg>(a, seq, bad);
+    }
+  }
   __device__ __forceinline__ static int seq_tiles(const AttnccArgs& a, int seq) {
-    constexpr int N = Cfg::kTileN;
-    return ceil_div(Cfg::kSparse ? Cfg::kTopK : __ldg(a.seqlens + seq), N);
+    bool bad;
+    return ceil_div(kv_len(a, seq, bad), Cfg::kTileN);
   }
 
   __device__ __forceinline__ static CtaWork make(const AttnccArgs& a, int lane, int seq) {

@@ -106,7 +106,9 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
   // ---- the work of this CTA (kept in shared memory for the epilogue)
   if (tid == 0) stash(smem + T::kWorkOff, w);
   const int s_q = args.s_q;
-  const int kv_len = Cfg::kSparse ? Cfg::kTopK : __ldg(args.seqlens + w.b);
+  bool bad_len;
+  const int kv_len = CtaWork<Cfg>::kv_len(args, w.b, bad_len);
+  if (bad_len && tid == 0 && args.flags) atomicOr(args.flags, ATTNCC_FLAG_SEQLEN);
   const int last_row = min(w.rows_total, (w.mb + 1) * M) - 1;
   const int cta_limit = w.token_limit(w.row_token(last_row), kv_len, s_q);
   const int tile_begin = w.tile_begin;
@@ -124,7 +126,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
 #pragma unroll
   for (int i = 0; i < S; ++i) {
     pf.load(ss, tile_begin + i, slot_tid);
-    pf.store(slot_ring + i * N, tile_begin + i, slot_tid);
+    pf.store(args, slot_ring + i * T::kSlotPitch, tile_begin + i, slot_tid);
   }
   pf.load(ss, tile_begin + S, slot_tid);
   __syncthreads();
@@ -146,7 +148,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
       q_any, fresh_tid());  // a fresh read: its offsets are not hoisted out of a part walk
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < n_iter && producer) T::Copy::issue_all(args, copy_dst(i), slot_ring + i * N, head, ptid);
+    if (i < n_iter && producer) T::Copy::issue_all(args, copy_dst(i), slot_ring + i * T::kSlotPitch, head, ptid);
     cp_async_commit();
   }
 
@@ -197,14 +199,14 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
     // the copies of tile nx and the slots of tile it + S (ping_pong: only while tiles are
     // copied, after EMPTY(it - 1) has ordered them after every reader of the slots overwritten)
     const uint32_t nx_dst = copy_dst(nx);
-    const int* nx_slots = slot_ring + (nx % (S + 1)) * N;
+    const int* nx_slots = slot_ring + (nx % (S + 1)) * T::kSlotPitch;
     if (producer) {
       if constexpr (!T::kInterleaveCopies) {
         if (copy_next) T::Copy::issue_all(args, nx_dst, nx_slots, head, ptid);
         cp_async_commit();
       }
       if (!PP || it == 0 || copy_next) {
-        pf.store(slot_ring + ((it + S) % (S + 1)) * N, tile_begin + it + S, slot_tid);
+        pf.store(args, slot_ring + ((it + S) % (S + 1)) * T::kSlotPitch, tile_begin + it + S, slot_tid);
         pf.load(ss, tile_begin + it + S + 1, slot_tid);
       }
     }
@@ -217,7 +219,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
     } else {
       kv_tile = kv_base + (it % S) * T::kKVTileBytes;
     }
-    const int* slots = slot_ring + (it % (S + 1)) * N;
+    const int* slots = slot_ring + (it % (S + 1)) * T::kSlotPitch;
     const int pos0 = (tile_begin + it) * N;
 
     // S = Q K^T (qk_split: the pair's partial blocks, summed by pair_sum)
@@ -256,12 +258,13 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
 
     // mask (raw scores: the scale is folded into the softmax)
     const int col0 = wn * T::kTokPerWarp + 2 * (lane & 3);
-    if (Cfg::kSparse || pos0 + N > full_limit) {  // warp-uniform: the CTA's last tiles, or sparse
+    // warp-uniform: the CTA's last tiles (the sequence's end, causal limits), sparse tiles and
+    // (rare) dense tiles with a token of a bad page number (paging.cuh's kBadSlot: counted as
+    // absent, flagged), which the common path finds in the tile's hole words
+    if (Cfg::kSparse || pos0 + N > full_limit || tile_has_hole<T::kHoleWords>(slots + N)) {
       mask(s, [&](int mt, int h, int nt, int j) {
         const int col = col0 + nt * 8 + j;
-        bool vis = pos0 + col < row_limit[mt][h];
-        if constexpr (Cfg::kSparse) vis = vis && slots[col] >= 0;
-        return vis;
+        return pos0 + col < row_limit[mt][h] && slots[col] >= 0;
       });
     }
 

@@ -84,6 +84,8 @@ struct DecodeTraits {
   static constexpr int kRawOff = Cfg::kRawOff;
   static constexpr int kPOff = Cfg::kPOff;
   static constexpr int kSlotOff = Cfg::kSlotOff;
+  static constexpr int kSlotPitch = Cfg::kSlotPitch;  // a ring entry: kTileN slots, then kHoleWords
+  static constexpr int kHoleWords = Cfg::kHoleWords;
   static constexpr int kRedOff = Cfg::kRedOff;
   static constexpr int kWorkOff = Cfg::kWorkOff;  // CtaWork, then PartWalk
   static constexpr int kWalkOffset = Cfg::kWalkOff;
@@ -106,6 +108,8 @@ struct DecodeTraits {
   static_assert(kThreads == Cfg::kWarps * 32, "32 threads a warp");
   static_assert(kTileM % 16 == 0 && kTileN % 16 == 0, "tile_m and tile_n are multiples of 16");
   static_assert(kTileN <= kThreads, "one thread per token computes the slots");
+  static_assert(kHoleWords * 32 >= kTileN && kSlotPitch >= kTileN + kHoleWords && kSlotPitch % 4 == 0,
+                "slot ring entry: tile_n slots, then one hole word per 32 tokens, 16-byte aligned");
   static_assert(kWarpRows == 16 || kWarpRows == 32, "warp_rows in {16, 32}");
   static_assert(kWarpsM * kWarpRows == kTileM && kWarpsM * kWarpsN == Cfg::kWarps, "WM x WN warps cover the tile's rows");
   static_assert(kMT * 16 == kWarpRows && kNTS * 8 * kWarpsN == kTileN && kNTO * 8 * kWarpsN == Cfg::kDV &&
@@ -130,7 +134,7 @@ struct DecodeTraits {
       {kKVOff, kKVBuffers * kKVTileBytes},
       {kRawOff, kRaw ? kStages * kRawTileBytes : 0},
       {kPOff, PRows::bytes(kTileM)},
-      {kSlotOff, (kStages + 1) * kTileN * 4},
+      {kSlotOff, (kStages + 1) * kSlotPitch * 4},
       {kRedOff, kWarpsN * kTileM * 4},
       {kWorkOff, kWorkBytes},
   };
