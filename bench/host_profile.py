@@ -5,7 +5,8 @@
 Times, as the median over `calls` calls with the GPU idle before each (so nothing waits on
 it), the whole eager call k(...) and its stages one by one: the argument checks with and
 without the value checks, the torch op (dispatch + launch), the launch body without the
-dispatcher, the ctypes call alone."""
+dispatcher, and parts of that body (cache views, output allocation, the split schedule, the
+stream)."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,8 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
 
 import attncc  # noqa: E402
 from attncc import bench, ops, validate  # noqa: E402
@@ -49,6 +52,14 @@ def main(argv=None) -> int:
                                                         case.indices, spec.softmax_scale, 0)),
         ("  ops.cuda_forward: launch body", lambda: ops.cuda_forward(
             k.spec, k.plan, lib, case.q, cache, case.block_table, case.seqlens, case.indices, spec.softmax_scale, 0)),
+        # parts of the launch body (the rest: argument packing, ctypes, the C launcher, the kernels' enqueue)
+        ("    cache views and stride checks", lambda: [ops._cache_view(spec, k.plan, i, t) for i, t in enumerate(cache)]),
+        ("    out and lse (two torch.empty)", lambda: (
+            torch.empty(args.batch, args.sq, spec.heads_q, spec.d_v, dtype=case.q.dtype, device=case.q.device),
+            torch.empty(args.batch, spec.heads_q, args.sq, dtype=torch.float32, device=case.q.device))),
+        ("    split schedule (ops._schedule)", lambda: ops._schedule(
+            k.plan, lib, args.batch, args.sq, case.block_table, 0, case.q.device.index or 0)),
+        ("    current stream", lambda: torch.cuda.current_stream(case.q.device).cuda_stream),
     ]
     results = [(label, bench.host_seconds(fn, args.calls) * 1e6) for label, fn in rows]
     print(f"{spec.name} b={args.batch} s_q={args.sq} s_k={args.seqlen}: host us per call (median of {args.calls})")
