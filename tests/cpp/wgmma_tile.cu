@@ -25,6 +25,20 @@ __device__ void stage(unsigned char* dst, const __nv_bfloat16* src, int rows, in
   }
 }
 
+// Accumulator d[64 x N] of one warpgroup (mma_ss's layout) -> row-major out [64 x N].
+template <int N>
+__device__ void store_acc(const float (&acc)[N / 2], float* out) {
+  const int t = threadIdx.x, row = 16 * (t / 32) + (t % 32) / 4;
+#pragma unroll
+  for (int i = 0; i < N / 8; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = 8 * i + 2 * (t % 4);
+      out[(row + 8 * h) * N + col] = acc[4 * i + 2 * h];
+      out[(row + 8 * h) * N + col + 1] = acc[4 * i + 2 * h + 1];
+    }
+}
+
 template <bool kTransB>
 __global__ void __launch_bounds__(128) tile_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d,
                                                    int leading, int stride) {
@@ -53,15 +67,7 @@ __global__ void __launch_bounds__(128) tile_kernel(const __nv_bfloat16* a, const
   }
   attncc::hopper::commit_group();
   attncc::hopper::wait_group<0>();
-  const int t = threadIdx.x, row = 16 * (t / 32) + (t % 32) / 4;
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int col = 8 * i + 2 * (t % 4);
-      d[(row + 8 * h) * kN + col] = acc[4 * i + 2 * h];
-      d[(row + 8 * h) * kN + col + 1] = acc[4 * i + 2 * h + 1];
-    }
+  store_acc<kN>(acc, d);
 }
 
 // S = Q K^T (SS, K K-major: a KV tile [64 tokens x 128]), P = bf16(S) in registers, O = P V
@@ -109,15 +115,7 @@ __global__ void __launch_bounds__(128) qkv_kernel(const __nv_bfloat16* q, const 
                                      j > 0);
   attncc::hopper::commit_group();
   attncc::hopper::wait_group<0>();
-  const int t = threadIdx.x, row = 16 * (t / 32) + (t % 32) / 4;
-#pragma unroll
-  for (int i = 0; i < kV / 8; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int col = 8 * i + 2 * (t % 4);
-      o[(row + 8 * h) * kV + col] = acc[4 * i + 2 * h];
-      o[(row + 8 * h) * kV + col + 1] = acc[4 * i + 2 * h + 1];
-    }
+  store_acc<kV>(acc, o);
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 //   consumer, stage s:  wait FULL[s] (phase), fence_async_shared() before wgmma reads it,
 //                       ... wgmma ..., arrive(EMPTY[s]) once its products are done (wait_group)
 //
-// NOT YET RUN ON A GPU (the first kernel of the Hopper family will use them).
+// Run on the H200 by tests/test_wgmma.py's warp-specialized decode tile: every function here but
+// cp_async_arrive (its producer waits for its cp.async copies, then arrives); no family uses
+// them yet.
 #pragma once
 
 #include <cstdint>
