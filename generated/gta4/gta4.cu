@@ -131,7 +131,8 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   const bool contiguous = attncc::cache_is_contiguous<Config>(a);
   const auto kernel = a.num_parts > 0 ? (contiguous ? attncc::decode_parts_kernel<Contiguous> : attncc::decode_parts_kernel<Config>)
                                       : (contiguous ? attncc::decode_kernel<Contiguous> : attncc::decode_kernel<Config>);
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Decode::kSmemBytes);
+  static attncc::SmemLimit limits[4];  // one per kernel above
+  err = limits[(a.num_parts > 0 ? 2 : 0) + (contiguous ? 1 : 0)].raise(reinterpret_cast<const void*>(kernel), Decode::kSmemBytes);
   if (err != cudaSuccess) return err;
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
   kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a);

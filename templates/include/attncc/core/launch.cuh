@@ -2,6 +2,8 @@
 // for any family (used by the generated attncc_launch).
 #pragma once
 
+#include <atomic>
+
 #include "attncc/abi.h"
 #include "attncc/core/work.cuh"
 
@@ -29,6 +31,23 @@ struct DecodeLaunch {
     if ((a.num_splits > 1 || a.num_parts > 0) && (!a.partial_out || !a.partial_lse)) return cudaErrorInvalidValue;
     if (ctas(a) > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     return cudaSuccess;
+  }
+};
+
+// A kernel's dynamic shared-memory limit, raised once per device (bit d of `devices`): the
+// attribute is a driver call, and a decode launch happens in every layer of every step.
+struct SmemLimit {
+  std::atomic<unsigned> devices{0};
+
+  cudaError_t raise(const void* kernel, int bytes) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const unsigned bit = device < 32 ? 1u << device : 0u;  // past 32 devices: every launch
+    if (bit != 0u && (devices.load(std::memory_order_acquire) & bit) != 0u) return cudaSuccess;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess) devices.fetch_or(bit, std::memory_order_release);
+    return err;
   }
 };
 
