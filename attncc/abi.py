@@ -75,8 +75,12 @@ class Library:
     def launch(self, args: AttnccArgs) -> None:
         status = self.dll.attncc_launch(ctypes.byref(args))
         if status != 0:
-            raise RuntimeError(f"attncc kernel launch failed: CUDA error {status} "
-                               f"({cuda_error_name(status)}) in {self.path}")
+            self.fail(status)
+
+    def fail(self, status: int) -> None:
+        """Raise the error of a launch that returned `status` (a cudaError_t)."""
+        raise RuntimeError(f"attncc kernel launch failed: CUDA error {status} "
+                           f"({cuda_error_name(status)}) in {self.path}")
 
 
 def check_abi(dll, path) -> None:

@@ -93,8 +93,8 @@ def _demangle(name: str) -> str:
     return out.stdout.strip() or name
 
 
-class _Progress:
-    """One status line with elapsed time while nvcc runs (stderr)."""
+class Progress:
+    """One status line with elapsed time while a compiler runs (stderr)."""
 
     def __init__(self, label: str):
         self.label, self.start, self.done = label, time.monotonic(), threading.Event()
@@ -153,7 +153,7 @@ def compile_source(plan: Plan, directory: Path, arch: str | None = None,
     command = nvcc_command(source, library, arch)
     _write_ninja(directory, command)
     repro = shlex.join(command)
-    with _Progress(f"{plan.name} for {arch}") if progress else _nullcontext():
+    with Progress(f"{plan.name} for {arch}") if progress else Quiet():
         result = subprocess.run([_ninja(), "-C", str(directory)], capture_output=True, text=True)
         log = result.stdout + result.stderr
         if result.returncode != 0:  # inside the block: the progress line says "(failed)"
@@ -163,7 +163,9 @@ def compile_source(plan: Plan, directory: Path, arch: str | None = None,
     return library, parse_ptxas(log), log
 
 
-class _nullcontext:
+class Quiet:
+    """Progress's stand-in when none is shown."""
+
     def __enter__(self):
         return self
 

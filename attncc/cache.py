@@ -14,7 +14,9 @@ is loaded its size and sha256 are checked against the record: a corrupted entry 
 
 Entries and files are created with the process's umask, so a cache shared by a team is
 readable by it. `attncc package SPEC... -o DIR` builds a directory of entries (a cache root
-with the specs' sources); `load_package(DIR)` or `ATTNCC_CACHE_DIR=DIR` serves it."""
+with the specs' sources, and the compiled launcher of launcher.py for this torch and Python);
+`load_package(DIR)` or `ATTNCC_CACHE_DIR=DIR` serves it. `entry` is the one way an entry is
+made, for kernel libraries and the launcher alike."""
 from __future__ import annotations
 
 import hashlib
@@ -40,6 +42,11 @@ _PACKAGES: list[Path] = []  # roots added by load_package, searched before the c
 class CacheError(RuntimeError):
     """The cache cannot be used (unwritable, not a directory), or holds no usable library
     where none can be built."""
+
+
+def packages() -> list[Path]:
+    """The roots load_package added, searched (newest first) before the cache."""
+    return list(_PACKAGES)
 
 
 def cache_root() -> Path:
@@ -91,10 +98,10 @@ def _record(entry: Path) -> dict | None:
         return None
 
 
-def verified(entry: Path) -> Path | None:
+def verified(entry: Path, name: str = LIBRARY) -> Path | None:
     """The entry's library if its READY record vouches for it (size and sha256), else None."""
     record = _record(entry)
-    library = entry / LIBRARY
+    library = entry / name
     if not isinstance(record, dict):
         return None
     try:
@@ -146,10 +153,18 @@ def build(plan: Plan, arch: str | None = None, progress: bool = True, root: Path
                          f"compiler here to build one ({exc}). Build it where nvcc is (the first "
                          "call, or `attncc package`), then point ATTNCC_CACHE_DIR at that cache "
                          "or load the package with attncc.load_package(DIR)") from None
-    key = cache_key(plan, arch)
+    return entry(root, cache_key(plan, arch), base, LIBRARY,
+                 lambda work: builder.compile_source(plan, work, arch, progress)[0],
+                 {"nvcc": builder.nvcc_version(), "plan": plan.name})
+
+
+def entry(root: Path, key: str, base: str, name: str, make, record: dict) -> Path:
+    """`root/key/name`, verified, or made by make(work_dir) -> path of `name` in it (at most once
+    across processes: under the key's lock, in a temp dir renamed into place with a READY record
+    of its size and sha256 plus `record`; a failed build's sources are kept in root/failed/key)."""
     final = root / key
     if (final / READY).exists():
-        if (library := verified(final)) is not None:
+        if (library := verified(final, name)) is not None:
             return library
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -163,12 +178,12 @@ def build(plan: Plan, arch: str | None = None, progress: bool = True, root: Path
     except OSError as exc:
         raise _unusable(root, "lock an entry of", exc) from None
     try:
-        if (library := verified(final)) is not None:  # another process finished while we waited
+        if (library := verified(final, name)) is not None:  # another process finished while we waited
             return library
         if final.exists():  # no READY, or it does not vouch for the library: rebuild it
             if (final / READY).exists():
-                warnings.warn(f"attncc: the cached library {final / LIBRARY} does not match its "
-                              "record (size or sha256): rebuilding it", stacklevel=2)
+                warnings.warn(f"attncc: the cached library {final / name} does not match its "
+                              "record (size or sha256): rebuilding it", stacklevel=3)
             shutil.rmtree(final, ignore_errors=True)
         for dead in root.glob(f"{key}.*.tmp"):  # we hold the key's lock: their builder died
             shutil.rmtree(dead, ignore_errors=True)
@@ -178,7 +193,7 @@ def build(plan: Plan, arch: str | None = None, progress: bool = True, root: Path
         except OSError as exc:
             raise _unusable(root, "write to", exc) from None
         try:
-            builder.compile_source(plan, work, arch, progress)
+            library = make(work)
         except builder.BuildError as exc:
             # keep the failed sources where the error message (and its repro) point
             failed = root / "failed" / key
@@ -187,15 +202,13 @@ def build(plan: Plan, arch: str | None = None, progress: bool = True, root: Path
             os.replace(work, failed)
             raise builder.BuildError(str(exc).splitlines()[0], exc.log, failed / exc.source.name,
                                      exc.repro.replace(str(work), str(failed))) from None
-        library = work / LIBRARY
-        record = {"nvcc": builder.nvcc_version(), "size": library.stat().st_size,
-                  "sha256": _file_sha256(library), "base": base, "plan": plan.name}
-        (work / READY).write_text(json.dumps(record, sort_keys=True) + "\n")
+        done = {**record, "size": library.stat().st_size, "sha256": _file_sha256(library), "base": base}
+        (work / READY).write_text(json.dumps(done, sort_keys=True) + "\n")
         os.replace(work, final)
         _write_entry_pointer(root, base, key)
     finally:
         lock.release()
-    return final / LIBRARY
+    return final / name
 
 
 # --- packages --------------------------------------------------------------------------------
@@ -218,6 +231,13 @@ def package(sources: dict[str, str], directory, progress: bool = True) -> list[P
             kernel = Kernel(check_spec(text))
         built.append(build(kernel.plan, progress=progress, root=directory))
         (directory / PACKAGE_SPECS / f"{kernel.name}.attn").write_text(text)
+    from . import launcher  # (imports this module)
+
+    try:  # for this torch and Python: an image with no C++ compiler needs no build either
+        built.append(launcher.build(root=directory, progress=progress))
+    except builder.BuildError as exc:
+        warnings.warn(f"attncc: the package has no compiled launcher ({str(exc).splitlines()[0]}); "
+                      "its eager calls will take the Python path", stacklevel=2)
     return built
 
 

@@ -101,12 +101,28 @@ class Kernel:
         self._flags.check()
 
     # --- call ------------------------------------------------------------------------------
+    def _launcher(self, q):
+        """The compiled launcher for this call (plain CUDA tensors, eager, no synchronous
+        checks), or None: the Python path below."""
+        if self._op is None or not _direct_launch(q) or devicecheck.synchronous():
+            return None
+        return self._op.fast()
+
     def __call__(self, q, cache, block_table=None, seqlens=None, *, indices=None, scale=None,
                  metadata=None, out=None, lse=None, return_lse=True, num_splits=None):
         """out [b, s_q, h_q, d_v], lse [b, h_q, s_q] (just out with return_lse=False).
         `out=` and `lse=` are written instead of new tensors. `metadata` from k.plan(seqlens)
         fixes the split count for a decode step, `num_splits=` sets it; without either it comes
         from shapes."""
+        fast = self._launcher(q)
+        if fast is not None:  # an eager call on plain CUDA tensors: the compiled launcher
+            splits = validate.num_splits(num_splits)
+            if not splits and metadata is not None:
+                splits = metadata.num_splits
+            result = fast(q, cache, block_table, seqlens, indices, self.spec.softmax_scale if scale is None
+                          else validate.softmax_scale(scale), splits, out, lse)
+            if result is not None:  # None: a call it leaves to the path below (copies, another device)
+                return result if return_lse else result[0]
         # values are checked on the host on CPU tensors and with ATTNCC_CHECK=1 (a sync); on
         # the device the kernels check them (never dereferenced, flagged for k.check())
         on_cpu = not isinstance(q, torch.Tensor) or q.device.type == "cpu"  # (a non-tensor q: refused)

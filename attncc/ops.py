@@ -3,12 +3,12 @@ implementation, the reference on CPU and the built library on CUDA. The torch si
 a launch lives here; the library only sees pointers, sizes and a stream (abi.h)."""
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Optional
+from functools import lru_cache, partial
+from typing import NamedTuple, Optional
 
 import torch
 
-from . import devicecheck, reference, split, storage, validate
+from . import devicecheck, launcher, reference, split, storage, validate
 from .abi import AttnccArgs, Library
 from .cache import build
 from .ir import Spec
@@ -58,45 +58,88 @@ def _strides(view: torch.Tensor, head_axis: bool) -> tuple[int, int, int]:
     return strides
 
 
+class Prepared(NamedTuple):
+    """A launch's AttnccArgs but its pointers, scale and stream, and the shapes of what it
+    allocates: a function of the call's shapes, strides, dtypes and device alone, so the
+    compiled launcher (csrc/launcher.cpp) keeps one per signature of its arguments."""
+
+    batch: int
+    s_q: int
+    num_splits: int
+    num_parts: int
+    num_pages: int
+    page_stride: tuple[int, ...]   # bytes, per cache tensor
+    token_stride: tuple[int, ...]
+    head_stride: tuple[int, ...]
+    block_table_stride: int        # elements
+    block_table_cols: int
+    flags: int                     # the device flag word's address, or 0
+    out_shape: tuple[int, ...]
+    lse_shape: tuple[int, ...]
+    workspace: Optional[tuple]     # (partial_out, partial_lse) shapes, or None
+
+
+def prepare(plan: Plan, library: Library, q, views, block_table, requested: int, flags) -> Prepared:
+    """Prepare a launch of checked arguments: q contiguous, views the canonical cache views
+    (_cache_view), block_table rows with contiguous entries; requested the op's num_splits."""
+    batch, s_q = q.shape[:2]
+    splits, parts = _schedule(plan, library, batch, s_q, block_table, requested, q.device.index or 0) \
+        if batch else (1, 0)
+    strides = [_strides(t, tp.head_axis) for t, tp in zip(views, plan.layout.tensors)]
+    return Prepared(
+        batch, s_q, splits, parts, views[0].shape[0], *(tuple(s[j] for s in strides) for j in range(3)),
+        block_table.stride(0) if block_table is not None else 0,
+        block_table.shape[1] if block_table is not None else 0,
+        _ptr(flags) or 0, (batch, s_q, plan.heads_q, plan.d_v), (batch, plan.heads_q, s_q),
+        split.workspace_shapes(plan, batch, s_q, splits, parts))
+
+
+def pack(p: Prepared, q, out, lse, views, block_table, seqlens, indices, partial_out, partial_lse,
+         scale: float, stream: int) -> AttnccArgs:
+    """The AttnccArgs of a prepared launch (the compiled launcher fills the same fields)."""
+    args = AttnccArgs()
+    args.q, args.out, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
+    for i, t in enumerate(views):
+        args.tensors[i] = t.data_ptr()
+        args.page_stride[i], args.token_stride[i], args.head_stride[i] = \
+            p.page_stride[i], p.token_stride[i], p.head_stride[i]
+    args.num_pages = p.num_pages
+    args.block_table = _ptr(block_table)
+    args.block_table_stride, args.block_table_cols = p.block_table_stride, p.block_table_cols
+    args.flags = p.flags or None
+    args.seqlens, args.indices = _ptr(seqlens), _ptr(indices)
+    args.partial_out, args.partial_lse = _ptr(partial_out), _ptr(partial_lse)
+    args.batch, args.s_q, args.num_splits, args.num_parts = p.batch, p.s_q, p.num_splits, p.num_parts
+    args.softmax_scale = scale
+    args.stream = stream
+    return args
+
+
 def cuda_forward(spec: Spec, plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
                  scale: float, splits: int = 0, out=None, lse=None, flags=None):
-    """One launch; writes into out and lse when given (checked by the caller), else new ones.
-    flags: the device word the kernels' value checks report into (devicecheck.py), or None."""
+    """One launch (the Python path); writes into out and lse when given (checked by the
+    caller), else new ones. flags: the device word the kernels' value checks report into
+    (devicecheck.py), or None."""
     scale = validate.softmax_scale(scale)  # the op may be called without the Kernel
     q = _aligned("q", q.contiguous())
-    cache = [_cache_view(spec, plan, i, t) for i, t in enumerate(cache)]
+    views = [_cache_view(spec, plan, i, t) for i, t in enumerate(cache)]
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()  # rows may be strided, entries may not
     seqlens = None if seqlens is None else seqlens.contiguous()
     indices = None if indices is None else indices.contiguous()
-    batch, s_q = q.shape[:2]
+    p = prepare(plan, library, q, views, block_table, splits, flags)
     if out is None:
-        out = torch.empty(batch, s_q, plan.heads_q, plan.d_v, dtype=q.dtype, device=q.device)
+        out = torch.empty(p.out_shape, dtype=q.dtype, device=q.device)
     if lse is None:
-        lse = torch.empty(batch, plan.heads_q, s_q, dtype=torch.float32, device=q.device)
-    if batch == 0:
+        lse = torch.empty(p.lse_shape, dtype=torch.float32, device=q.device)
+    if p.batch == 0:
         return out, lse
-    splits, parts = _schedule(plan, library, batch, s_q, block_table, splits, q.device.index or 0)
     partial_out = partial_lse = None
-    workspace = split.workspace_shapes(plan, batch, s_q, splits, parts)
-    if workspace is not None:
-        partial_out = torch.empty(workspace[0], dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty(workspace[1], dtype=torch.float32, device=q.device)
-    args = AttnccArgs()
-    args.q, args.out, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
-    for i, (t, tp) in enumerate(zip(cache, plan.layout.tensors)):
-        args.tensors[i] = t.data_ptr()
-        args.page_stride[i], args.token_stride[i], args.head_stride[i] = _strides(t, tp.head_axis)
-    args.num_pages = cache[0].shape[0]
-    args.block_table = _ptr(block_table)
-    args.block_table_stride = block_table.stride(0) if block_table is not None else 0
-    args.block_table_cols = block_table.shape[1] if block_table is not None else 0
-    args.flags = _ptr(flags)
-    args.seqlens, args.indices = _ptr(seqlens), _ptr(indices)
-    args.partial_out, args.partial_lse = _ptr(partial_out), _ptr(partial_lse)
-    args.batch, args.s_q, args.num_splits, args.num_parts = batch, s_q, splits, parts
-    args.softmax_scale = scale
-    args.stream = torch.cuda.current_stream(q.device).cuda_stream
+    if p.workspace is not None:
+        partial_out = torch.empty(p.workspace[0], dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty(p.workspace[1], dtype=torch.float32, device=q.device)
+    args = pack(p, q, out, lse, views, block_table, seqlens, indices, partial_out, partial_lse, scale,
+                torch.cuda.current_stream(q.device).cuda_stream)
     if q.device.index == torch.cuda.current_device():
         library.launch(args)  # the common case: no device switch on the hot path
     else:
@@ -114,6 +157,20 @@ def _schedule(plan: Plan, library: Library, batch: int, s_q: int, block_table, r
     per_sm = library.ctas_per_sm() if requested == 0 and split.balanced(plan) else 1
     return split.launch_schedule(plan, batch, s_q, kv_tokens, requested,
                                  _sm_count(device_index), per_sm)
+
+
+def prepare_call(spec: Spec, plan: Plan, library: Library, flags: devicecheck.DeviceFlags,
+                 q, cache, block_table, seqlens, indices, num_splits, out, lse) -> Optional[Prepared]:
+    """The compiled launcher's first call of an argument signature (launcher.py): checked as
+    Kernel's call checks it (raising the argument's error), then prepared; None for a call
+    that needs the Python path's copies (q, block-table entries, lengths or indices strided)."""
+    validate.call_arguments(spec, q, cache, block_table, seqlens, indices, check_values=False)
+    validate.outputs(spec, q, out, lse)
+    if not q.is_contiguous() or q.data_ptr() % 16 or (block_table is not None and block_table.stride(-1) != 1) \
+            or any(t is not None and not t.is_contiguous() for t in (seqlens, indices)):
+        return None
+    views = [_cache_view(spec, plan, i, t) for i, t in enumerate(cache_list(spec, cache))]
+    return prepare(plan, library, q, views, block_table, num_splits, flags.word(q.device))
 
 
 _OPS: dict[str, object] = {}
@@ -136,6 +193,15 @@ def op_for(spec: Spec, plan: Plan):
         """The CUDA launch behind both ops (and Kernel's eager calls, which skip the dispatch)."""
         return cuda_forward(spec, plan, library(), q, cache, block_table, seqlens, indices, scale,
                             num_splits, out=out, lse=lse, flags=flags.word(q.device))
+
+    launchers = []
+
+    def fast():
+        """The op's compiled launcher (launcher.py), made on first use; None where there is none."""
+        if not launchers:
+            launchers.append(launcher.make(library(), [t.name for t in plan.layout.tensors], spec.separate,
+                                           partial(prepare_call, spec, plan, library(), flags)))
+        return launchers[0]
 
     def cpu(q, cache, block_table, seqlens, indices, scale):
         cache_arg = dict(zip(storage.tensor_layouts(spec, 1), cache)) if spec.separate else cache[0]
@@ -179,6 +245,7 @@ def op_for(spec: Spec, plan: Plan):
     attention.library = library  # for build-ahead (Kernel.build) and benchmarks
     attention.flags = flags      # the Kernel's k.check() reads them
     attention.launch = launch    # the Kernel's eager calls on plain CUDA tensors
+    attention.fast = fast        # ... through the compiled launcher, where there is one
     _OPS[qualname] = attention
     return attention
 

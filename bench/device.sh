@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, by stage: bash bench/device.sh STAGE...   (stages: tests ab sanitize initcheck bench)
+# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests ab sanitize initcheck host bench)
 # Run from the repo root on the GPU machine with `.whl` (lark) carried, `.attncc_cache` if the
 # libraries were prebuilt here (C-ABI libraries do not depend on the Python version), and for
 # `ab` the `.ab` folder that bench/ab_build.py filled (old_*.so and new_*.so).
@@ -10,6 +10,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 for stage in "$@"; do
   case $stage in
+  launcher)
+    echo "== the compiled launcher (attncc/launcher.py), built for this torch and Python"
+    python3 -c "import sysconfig, os, shutil; i = sysconfig.get_paths()['include']; print('Python.h:', os.path.exists(i + '/Python.h'), 'c++:', shutil.which('c++'))"
+    /usr/bin/time -f "launcher build %e s" python3 -c "import attncc.launcher as l; print(l.build())" 2>&1 | tail -3 ;;
   tests)
     echo "== GPU tests (every test marked gpu)"
     timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
@@ -30,6 +34,14 @@ for stage in "$@"; do
     echo "== initcheck over every spec, --quick"
     timeout ${INITCHECK_TIMEOUT:-300} python3 bench/sanitize.py --tools initcheck --quick --log "$OUT" \
       ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/initcheck.log" | tail -30 ;;
+  host)
+    echo "== host time of eager calls; eager against graph replay"
+    for c in "--batch 1 --seqlen 32768" "--batch 128 --sq 2 --seqlen 8192"; do
+      python3 bench/host_profile.py examples/mla.attn $c 2>&1 | tee -a "$OUT/host_profile.log" | tail -16
+    done
+    python3 bench/host_profile.py examples/gqa8.attn --batch 32 --seqlen 4096 2>&1 | tail -4
+    python3 -m attncc.cli bench examples/mla.attn --batch 1,8,128 --heads 128 --sq 1 --seqlen 32768 --page 64 2>&1 | tail -5
+    timeout 200 python3 examples/deepseek_decode.py --layers 8 --steps 4 2>&1 | tail -8 ;;
   bench)
     echo "== bench"
     python3 -m attncc.cli bench examples/mla.attn --json "$OUT/bench_mla.json" 2>&1 | tee "$OUT/bench_mla.log" | tail -32

@@ -3,10 +3,12 @@
     python3 bench/host_profile.py [SPEC] [--batch 1 --sq 1 --seqlen 32768] [--calls 200]
 
 Times, as the median over `calls` calls with the GPU idle before each (so nothing waits on
-it), the whole eager call k(...) and its stages one by one: the argument checks with and
-without the value checks, the torch op (dispatch + launch), the launch body without the
-dispatcher, and parts of that body (cache views, output allocation, the split schedule, the
-stream)."""
+it), the whole eager call k(...) (the compiled launcher, launcher.py) with and without the
+step's metadata, the launcher alone, and the Python path's stages one by one: the argument
+checks with and without the value checks, the torch op (dispatch + launch), the launch body
+without the dispatcher, and parts of that body (cache views, output allocation, the split
+schedule, the stream). Then the wall time per call of `calls` eager calls back to back
+against the replay of a CUDA graph of the same call (DESIGN.md §3a: eager within 15 us)."""
 from __future__ import annotations
 
 import argparse
@@ -40,11 +42,19 @@ def main(argv=None) -> int:
     case = bench.inputs(spec, bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size))
     cache = cache_list(spec, case.cache)
     lib = k.op.library()
-    call = lambda: k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices)  # noqa: E731
+    call = lambda **kw: k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices, **kw)  # noqa: E731
+    metadata = k.plan(case.seqlens if case.seqlens is not None else [0] * args.batch, s_q=args.sq)
     call()
+    fast = k.op.fast()
+    if fast is None:
+        print("no compiled launcher here: the eager rows are the Python path's", file=sys.stderr)
     rows = [
         ("eager call k(...)", call),
-        ("  validate.call_arguments, value checks", lambda: validate.call_arguments(
+        ("eager call k(..., metadata=k.plan(seqlens))", lambda: call(metadata=metadata)),
+        ("  the compiled launcher alone", (lambda: fast(case.q, case.cache, case.block_table,
+                                                        case.seqlens, case.indices, spec.softmax_scale, 0, None,
+                                                        None)) if fast else call),
+        ("Python path: validate.call_arguments, value checks", lambda: validate.call_arguments(
             spec, case.q, case.cache, case.block_table, case.seqlens, case.indices, True)),
         ("  validate.call_arguments, metadata only", lambda: validate.call_arguments(
             spec, case.q, case.cache, case.block_table, case.seqlens, case.indices, False)),
@@ -64,8 +74,35 @@ def main(argv=None) -> int:
     results = [(label, bench.host_seconds(fn, args.calls) * 1e6) for label, fn in rows]
     print(f"{spec.name} b={args.batch} s_q={args.sq} s_k={args.seqlen}: host us per call (median of {args.calls})")
     for label, us in results:
-        print(f"  {label:<46} {us:8.1f}")
+        print(f"  {label:<52} {us:8.1f}")
+    eager, graph = back_to_back(call, args.calls)
+    print(f"wall us per call, {args.calls} back to back: eager {eager:.1f}, CUDA-graph replay {graph:.1f}, "
+          f"eager - graph {eager - graph:.1f}")
     return 0
+
+
+def back_to_back(call, n: int) -> tuple[float, float]:
+    """Wall time per call of n eager calls in a row, and of n replays of a graph of one call."""
+    import time
+
+    def per_call(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / n * 1e6
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm (the graph's allocations come from its own pool)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return per_call(call), per_call(graph.replay)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,61 @@ from pathlib import Path
 import attncc
 import attncc.build
 
+# small specs of every cache kind: packed, GQA, sparse fp8, separate fp8 with a shared segment
+MLA_SMALL = """
+attention mla_small {
+    heads q = 4, kv = 1
+    cache paged(4) {
+        latent: bf16[64]
+        rope:   bf16[32]
+    }
+    key   = latent ++ rope
+    value = latent
+    query len <= 2 causal
+    scale 0.125
+}
+"""
+
+GQA_SMALL = """
+attention gqa_small {
+    heads q = 8, kv = 2
+    cache paged(4) {
+        k: fp16[64]
+        v: fp16[64]
+    }
+    key   = k
+    value = v
+    query len <= 2
+}
+"""
+
+SPARSE_SMALL = """
+attention sparse_small {
+    heads q = 4, kv = 1
+    cache paged(4) {
+        latent: e4m3[64] scale fp32 per 16
+        rope:   bf16[32]
+    }
+    key   = latent ++ rope
+    value = latent
+    tokens topk 6
+    query len <= 2
+}
+"""
+
+SEPARATE_SMALL = """
+attention separate_small {
+    heads q = 8, kv = 2
+    cache paged(4) separate {
+        latent: e5m2[64] scale fp32 per 16
+        rope:   bf16[32] shared
+    }
+    key   = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}
+"""
+
 
 def compile_quiet(source):
     """attncc.compile without the `seesaw`/`crossover` "not yet applied" warnings."""

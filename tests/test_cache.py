@@ -500,7 +500,7 @@ def test_entries_follow_the_umask(cache_dir, faked, mask):
 
 # --- (h) no compiler at run time, packages --------------------------------------------------------
 
-NO_NVCC_ENV = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "/nonexistent-cuda"}
+NO_NVCC_ENV = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "/nonexistent-cuda", "CXX": "/nonexistent-c++"}
 
 LOAD_WITHOUT_NVCC = """
 import ctypes, shutil, sys, warnings
@@ -519,6 +519,9 @@ else:
     k = attncc.compile(sys.argv[3])
 path = k.build()
 attncc.abi.check_abi(ctypes.CDLL(str(path)), path)
+if len(sys.argv) > 4:  # and the compiled launcher, built for this torch: no C++ compiler needed
+    import attncc.launcher
+    print(attncc.launcher.build())
 print(path)
 """
 
@@ -561,9 +564,10 @@ def test_a_package_is_built_and_loaded_from_another_directory(tmp_path, capsys):
     elsewhere.mkdir()
     for how in ("package", "cache"):
         args = (how, str(package), "gqa4_d64") if how == "package" else (how, "-", str(spec_file))
-        result = _without_nvcc(elsewhere, *args, cache=package if how == "cache" else tmp_path / "none")
+        result = _without_nvcc(elsewhere, *args, "launcher", cache=package if how == "cache" else tmp_path / "none")
         assert result.returncode == 0, result.stderr
-        assert result.stdout.strip().splitlines()[-1].startswith(str(package)), how
+        launcher, library = result.stdout.strip().splitlines()[-2:]
+        assert library.startswith(str(package)) and launcher.startswith(str(package)), how
 
 
 def test_load_package_refuses_a_directory_that_is_not_one(tmp_path):

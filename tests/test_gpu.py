@@ -45,9 +45,9 @@ def _poison(spec, batch, s_q):
                              ((batch, spec.heads_q, s_q), torch.float32))
 
 
-def _run(k, case, scale=None, metadata=None):
+def _run(k, case, scale=None, metadata=None, **kwargs):
     return k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices,
-             scale=scale, metadata=metadata)
+             scale=scale, metadata=metadata, **kwargs)
 
 
 @pytest.mark.parametrize("batch", [1, 3, 33])
@@ -312,6 +312,37 @@ def test_a_cache_view_the_kernels_cannot_read_is_refused_by_name(kernels):
     odd = torch.zeros(*case.cache.shape[:2], case.cache.shape[2] + 4, dtype=case.cache.dtype, device="cuda")
     with pytest.raises(ValueError, match="cache.*aligned rows"):
         k(case.q, odd[..., :case.cache.shape[2]], case.block_table, case.seqlens)
+
+
+@pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1"])
+def test_the_compiled_launcher_runs_eager_calls_as_the_python_path_does(kernels, name):
+    """Eager CUDA calls go through the compiled launcher (csrc/launcher.cpp); it must be there on
+    the device, and give, bitwise, what the Python path (ops.cuda_forward) gives for the same
+    call: the schedule chosen, split and part requests, metadata, out=, a FlashMLA-shaped view."""
+    k = kernels[name]
+    fast = k.op.fast()
+    assert fast is not None, "no compiled launcher on the device"
+    for seed, lengths in enumerate(([1000, 0, 37], [5], [300] * 9)):
+        case = testing.random_case(k.spec, lengths, k.spec.max_query_len, seed=70 + seed)
+        metadata = k.plan(case.seqlens if case.seqlens is not None else lengths, s_q=k.spec.max_query_len)
+        for splits, kwargs in ((0, {}), (3, {"num_splits": 3}), (-4, None), (metadata.num_splits, {"metadata": metadata})):
+            python = k.op.launch(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                                 case.indices, k.spec.softmax_scale, splits)
+            if kwargs is None:  # part mode: only the op's num_splits reaches it (-p)
+                got = fast(case.q, case.cache, case.block_table, case.seqlens, case.indices, k.spec.softmax_scale,
+                           splits, None, None)
+            else:
+                got = _run(k, case, **kwargs)
+            assert torch.equal(got[0], python[0]) and torch.equal(got[1], python[1]), (lengths, splits)
+        out, lse = torch.full_like(python[0], float("nan")), torch.full_like(python[1], float("nan"))
+        assert k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices, out=out, lse=lse)[0] is out
+        want = _run(k, case)
+        assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+        assert testing.compare(k.spec, case, out, lse).ok
+        if not k.spec.separate:
+            flashmla = k(case.q, case.cache.unsqueeze(2), case.block_table, case.seqlens, indices=case.indices)
+            assert torch.equal(flashmla[0], want[0])
+    assert fast.signatures() >= 3
 
 
 def test_an_eager_call_does_not_sync(kernels):

@@ -12,59 +12,7 @@ import attncc
 from attncc import reference, testing
 from attncc.ops import cache_list
 
-MLA_SMALL = """
-attention mla_small {
-    heads q = 4, kv = 1
-    cache paged(4) {
-        latent: bf16[64]
-        rope:   bf16[32]
-    }
-    key   = latent ++ rope
-    value = latent
-    query len <= 2 causal
-    scale 0.125
-}
-"""
-
-GQA_SMALL = """
-attention gqa_small {
-    heads q = 8, kv = 2
-    cache paged(4) {
-        k: fp16[64]
-        v: fp16[64]
-    }
-    key   = k
-    value = v
-    query len <= 2
-}
-"""
-
-SPARSE_SMALL = """
-attention sparse_small {
-    heads q = 4, kv = 1
-    cache paged(4) {
-        latent: e4m3[64] scale fp32 per 16
-        rope:   bf16[32]
-    }
-    key   = latent ++ rope
-    value = latent
-    tokens topk 6
-    query len <= 2
-}
-"""
-
-SEPARATE_SMALL = """
-attention separate_small {
-    heads q = 8, kv = 2
-    cache paged(4) separate {
-        latent: e5m2[64] scale fp32 per 16
-        rope:   bf16[32] shared
-    }
-    key   = latent ++ rope
-    value = latent
-    query len <= 2 causal
-}
-"""
+from support import GQA_SMALL, MLA_SMALL, SEPARATE_SMALL, SPARSE_SMALL
 
 SEPARATE_BF16 = """
 attention separate_bf16 {

@@ -1,4 +1,4 @@
-"""An installed (non-editable) package carries its grammar and templates; a fresh machine
+"""An installed (non-editable) package carries its grammar, templates and launcher source; a fresh machine
 gets every dependency the code and tests import from pyproject.toml; CI proves it."""
 import re
 import subprocess
@@ -27,6 +27,7 @@ def test_wheel_ships_grammar_templates_and_headers(wheel):
     wanted = {str(p.relative_to(templates)) for p in templates.rglob("*")
               if p.is_file() and p.suffix in (".j2", ".cuh", ".h")}
     assert wanted and wanted <= shipped, sorted(wanted - shipped)
+    assert "attncc/csrc/launcher.cpp" in names  # the compiled launcher is built from it
 
 
 def test_installed_package_parses_and_explains_outside_the_checkout(wheel, tmp_path):

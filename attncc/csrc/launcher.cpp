@@ -1,0 +1,216 @@
+// attncc/csrc/launcher.cpp: the compiled host side of an eager CUDA call (DESIGN.md §3a).
+//
+// One Launcher belongs to one spec's op (attncc/ops.py) and one built kernel library. Its call
+// takes a Kernel call's arguments as the user passed them and enqueues the launch without
+// running Python. It reads each argument's metadata (dtype, device, sizes, strides, 16-byte
+// alignment) into a signature, and keeps, for each signature, what ops.prepare made of it:
+// the AttnccArgs of abi.h without pointers, scale and stream, and the shapes of the outputs
+// and the workspace. A signature not seen before goes to Python (`prepare`), which validates
+// the call (raising validate.py's named error) and prepares it, or answers None for a call the
+// Python path takes (one that needs copies). So every rule lives once, in Python: this file
+// remembers the answers and fills in the pointers. Built once per attncc, torch and Python by
+// attncc/launcher.py; holds the GIL throughout.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "attncc/abi.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using LaunchFn = int (*)(const AttnccArgs*);
+using Signature = std::vector<int64_t>;
+
+constexpr size_t kMaxSignatures = 4096;  // then forget them all (an engine uses a handful)
+constexpr int64_t kNone = -1;            // an argument that is None
+
+struct SignatureHash {
+  size_t operator()(const Signature& s) const noexcept {
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the words
+    for (int64_t v : s) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001b3ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+// What ops.prepare made of one signature.
+struct Entry {
+  bool fast = false;  // false: the Python path takes these calls
+  AttnccArgs args{};  // everything but the pointers, the scale and the stream
+  std::vector<int64_t> out_shape, lse_shape, partial_out_shape, partial_lse_shape;
+};
+
+std::vector<int64_t> shape_of(py::handle shape) { return shape.cast<std::vector<int64_t>>(); }
+
+template <size_t N>
+void fill(int (&field)[N], py::handle values) {
+  const auto v = values.cast<std::vector<int64_t>>();
+  for (size_t i = 0; i < v.size() && i < N; ++i) field[i] = static_cast<int>(v[i]);
+}
+
+class Launcher {
+ public:
+  // launch: the library's attncc_launch; tensors: the cache's tensor names in plan order (a
+  // separate spec's dict keys), separate: the cache is such a dict; prepare(q, cache, block_table,
+  // seqlens, indices, num_splits, out, lse) -> ops.Prepared or None; stream_of(device index) ->
+  // the current cudaStream_t; fail(status) raises the launch's error.
+  Launcher(uintptr_t launch, std::vector<std::string> tensors, bool separate, py::object prepare,
+           py::object stream_of, py::object fail)
+      : launch_(reinterpret_cast<LaunchFn>(launch)), names_(std::move(tensors)), separate_(separate),
+        prepare_(std::move(prepare)), stream_of_(std::move(stream_of)), fail_(std::move(fail)) {
+    if (names_.empty() || names_.size() > ATTNCC_MAX_TENSORS || (!separate_ && names_.size() != 1))
+      throw std::invalid_argument("attncc launcher: a packed cache is one tensor, a separate one 1.." +
+                                  std::to_string(ATTNCC_MAX_TENSORS));
+  }
+
+  // (out, lse), or None when the call is the Python path's.
+  py::object call(py::handle q, py::handle cache, py::handle block_table, py::handle seqlens,
+                  py::handle indices, double scale, int64_t num_splits, py::handle out, py::handle lse) {
+    signature_.clear();
+    signature_.push_back(num_splits);
+    at::Tensor tq, tcache[ATTNCC_MAX_TENSORS], tbt, tlens, tidx, tout, tlse;
+    bool ok = !q.is_none() && sign(q, &tq) && sign_cache(cache, tcache) && sign(block_table, &tbt) &&
+              sign(seqlens, &tlens) && sign(indices, &tidx) && sign(out, &tout) && sign(lse, &tlse);
+    if (!ok) {  // not tensors where tensors go: prepare raises the argument's error
+      prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse);
+      return py::none();
+    }
+    auto found = entries_.find(signature_);
+    if (found == entries_.end()) {
+      Entry entry = make_entry(prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse));
+      if (entries_.size() >= kMaxSignatures) entries_.clear();
+      found = entries_.emplace(signature_, std::move(entry)).first;
+    }
+    const Entry& e = found->second;
+    if (!e.fast) return py::none();
+    const c10::Device device = tq.device();
+    if (device.is_cuda() && c10::impl::getDeviceGuardImpl(device.type())->getDevice() != device)
+      return py::none();  // q is not on the current device: the Python path switches to it
+
+    if (!tout.defined()) tout = at::empty(e.out_shape, tq.options());
+    if (!tlse.defined()) tlse = at::empty(e.lse_shape, tq.options().dtype(at::kFloat));
+    if (e.args.batch == 0) return py::make_tuple(tout, tlse);
+    at::Tensor partial_out, partial_lse;
+    if (!e.partial_out_shape.empty()) {
+      partial_out = at::empty(e.partial_out_shape, tq.options().dtype(at::kFloat));
+      partial_lse = at::empty(e.partial_lse_shape, tq.options().dtype(at::kFloat));
+    }
+    AttnccArgs a = e.args;
+    a.q = tq.data_ptr();
+    a.out = tout.data_ptr();
+    a.lse = static_cast<float*>(tlse.data_ptr());
+    for (size_t i = 0; i < names_.size(); ++i) a.tensors[i] = tcache[i].data_ptr();
+    a.block_table = tbt.defined() ? static_cast<const int*>(tbt.data_ptr()) : nullptr;
+    a.seqlens = tlens.defined() ? static_cast<const int*>(tlens.data_ptr()) : nullptr;
+    a.indices = tidx.defined() ? static_cast<const int*>(tidx.data_ptr()) : nullptr;
+    a.partial_out = partial_out.defined() ? static_cast<float*>(partial_out.data_ptr()) : nullptr;
+    a.partial_lse = partial_lse.defined() ? static_cast<float*>(partial_lse.data_ptr()) : nullptr;
+    a.softmax_scale = static_cast<float>(scale);
+    a.stream = reinterpret_cast<void*>(stream_of_(device.index()).cast<uintptr_t>());
+    const int status = launch_(&a);
+    if (status != 0) {
+      fail_(status);  // raises
+      return py::none();
+    }
+    return py::make_tuple(tout, tlse);
+  }
+
+  size_t signatures() const { return entries_.size(); }
+  void forget() { entries_.clear(); }
+
+ private:
+  // An argument's words of the signature; false when it is neither None nor a tensor with storage.
+  bool sign(py::handle h, at::Tensor* t) {
+    if (h.is_none()) {
+      signature_.push_back(kNone);
+      return true;
+    }
+    if (!THPVariable_Check(h.ptr())) return false;
+    *t = THPVariable_Unpack(h.ptr());
+    if (!t->has_storage()) return false;
+    signature_.push_back(static_cast<int64_t>(t->scalar_type()));
+    signature_.push_back(static_cast<int64_t>(t->device().type()) * 65536 + t->device().index());
+    signature_.push_back(t->dim());
+    for (int64_t s : t->sizes()) signature_.push_back(s);
+    for (int64_t s : t->strides()) signature_.push_back(s);
+    signature_.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data_ptr()) & 15));
+    signature_.push_back((t->storage_offset() * static_cast<int64_t>(t->element_size())) & 15);
+    return true;
+  }
+
+  // A packed cache is one tensor, a separate one a dict with exactly the plan's names.
+  bool sign_cache(py::handle cache, at::Tensor* tensors) {
+    if (!separate_) {
+      signature_.push_back(0);
+      return !cache.is_none() && sign(cache, tensors);
+    }
+    if (!PyDict_Check(cache.ptr()) || PyDict_Size(cache.ptr()) != static_cast<Py_ssize_t>(names_.size()))
+      return false;
+    signature_.push_back(1);
+    for (size_t i = 0; i < names_.size(); ++i) {
+      PyObject* item = PyDict_GetItemString(cache.ptr(), names_[i].c_str());  // borrowed
+      if (item == nullptr || !sign(py::handle(item), tensors + i) || !tensors[i].defined()) return false;
+    }
+    return true;
+  }
+
+  Entry make_entry(py::handle p) const {
+    Entry e;
+    if (p.is_none()) return e;
+    e.fast = true;
+    AttnccArgs& a = e.args;
+    a.batch = p.attr("batch").cast<int>();
+    a.s_q = p.attr("s_q").cast<int>();
+    a.num_splits = p.attr("num_splits").cast<int>();
+    a.num_parts = p.attr("num_parts").cast<int>();
+    a.num_pages = p.attr("num_pages").cast<int>();
+    fill(a.page_stride, p.attr("page_stride"));
+    fill(a.token_stride, p.attr("token_stride"));
+    fill(a.head_stride, p.attr("head_stride"));
+    a.block_table_stride = p.attr("block_table_stride").cast<int>();
+    a.block_table_cols = p.attr("block_table_cols").cast<int>();
+    a.flags = reinterpret_cast<int*>(p.attr("flags").cast<uintptr_t>());
+    e.out_shape = shape_of(p.attr("out_shape"));
+    e.lse_shape = shape_of(p.attr("lse_shape"));
+    py::object workspace = p.attr("workspace");
+    if (!workspace.is_none()) {
+      e.partial_out_shape = shape_of(workspace[py::int_(0)]);
+      e.partial_lse_shape = shape_of(workspace[py::int_(1)]);
+    }
+    return e;
+  }
+
+  LaunchFn launch_;
+  std::vector<std::string> names_;
+  bool separate_;
+  py::object prepare_, stream_of_, fail_;
+  Signature signature_;  // the current call's, reused
+  std::unordered_map<Signature, Entry, SignatureHash> entries_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(attncc_launcher, m) {
+  m.doc() = "attncc's compiled launcher (attncc/csrc/launcher.cpp)";
+  m.attr("ABI_VERSION") = ATTNCC_ABI_VERSION;
+  m.attr("ARGS_SIZE") = static_cast<int>(sizeof(AttnccArgs));
+  py::class_<Launcher>(m, "Launcher")
+      .def(py::init<uintptr_t, std::vector<std::string>, bool, py::object, py::object, py::object>(),
+           py::arg("launch"), py::arg("tensors"), py::arg("separate"), py::arg("prepare"),
+           py::arg("stream_of"), py::arg("fail"))
+      .def("__call__", &Launcher::call, py::arg("q"), py::arg("cache"), py::arg("block_table"),
+           py::arg("seqlens"), py::arg("indices"), py::arg("scale"), py::arg("num_splits"),
+           py::arg("out"), py::arg("lse"))
+      .def("signatures", &Launcher::signatures, "signatures remembered")
+      .def("forget", &Launcher::forget, "forget every signature (the next calls prepare again)");
+}

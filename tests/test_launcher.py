@@ -1,0 +1,243 @@
+"""The compiled launcher (attncc/csrc/launcher.cpp, attncc/launcher.py), on CPU: built with the
+host's C++ compiler against torch, it drives a stub kernel library that records the AttnccArgs
+it is given; those must be, field for field, what the Python path packs (ops.prepare and
+ops.pack) for the same call, for every kind of cache and schedule. It remembers a signature's
+preparation, prepares again when a shape changes, raises validate.py's errors, and leaves to
+the Python path what needs copies."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from functools import partial
+
+import pytest
+import torch
+
+import attncc
+from attncc import abi, devicecheck, launcher, ops, testing
+from attncc.render import INCLUDE_DIR
+
+from support import GQA_SMALL, MLA_SMALL, SEPARATE_SMALL, SPARSE_SMALL
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("cc") is None,
+                                reason="no C/C++ compiler")
+
+STUB = r"""
+#include "attncc/abi.h"
+static AttnccArgs last;
+static int calls, status;
+int attncc_abi_version(void) { return ATTNCC_ABI_VERSION; }
+int attncc_args_size(void) { return (int)sizeof(AttnccArgs); }
+int attncc_ctas_per_sm(void) { return 2; }
+int attncc_launch(const AttnccArgs* a) { last = *a; ++calls; return status; }
+const AttnccArgs* stub_last(void) { return &last; }
+int stub_calls(void) { return calls; }
+void stub_fail_with(int s) { status = s; }
+"""
+
+FIELDS = [name for name, _ in abi.AttnccArgs._fields_]
+POINTERS = {"q", "out", "lse", "tensors", "block_table", "seqlens", "indices", "partial_out",
+            "partial_lse", "flags", "stream"}
+
+
+@pytest.fixture(scope="module")
+def ext(tmp_path_factory):
+    return launcher.load(launcher.build(root=tmp_path_factory.mktemp("launcher"), progress=False))
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("stub")
+    (directory / "stub.c").write_text(STUB)
+    subprocess.run([shutil.which("cc") or "c++", "-shared", "-fPIC", f"-I{INCLUDE_DIR}", "-o",
+                    str(directory / "kernel.so"), str(directory / "stub.c")], check=True)
+    library = abi.Library(directory / "kernel.so")
+    library.dll.stub_last.restype = ctypes.POINTER(abi.AttnccArgs)
+    return library
+
+
+@pytest.fixture(autouse=True)
+def sms(monkeypatch):
+    monkeypatch.setattr(ops, "_sm_count", lambda index: 132)  # no GPU to ask
+
+
+class Counting:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def make(ext, stub, k):
+    prepare = Counting(partial(ops.prepare_call, k.spec, k.plan, stub, devicecheck.DeviceFlags()))
+    fast = ext.Launcher(ctypes.cast(stub.dll.attncc_launch, ctypes.c_void_p).value,
+                        [t.name for t in k.plan.layout.tensors], k.spec.separate, prepare,
+                        lambda index: 0x5151, stub.fail)
+    return fast, prepare
+
+
+def python_args(k, stub, q, cache, block_table, seqlens, indices, requested, out, lse, scale):
+    views = [ops._cache_view(k.spec, k.plan, i, t) for i, t in enumerate(ops.cache_list(k.spec, cache))]
+    p = ops.prepare(k.plan, stub, q, views, block_table, requested, None)
+    partial_out = partial_lse = None
+    if p.workspace is not None:
+        partial_out, partial_lse = torch.empty(p.workspace[0]), torch.empty(p.workspace[1])
+    return p, ops.pack(p, q, out, lse, views, block_table, seqlens, indices,
+                       partial_out, partial_lse, scale, 0x5151)
+
+
+def record(args: abi.AttnccArgs) -> dict:
+    return {name: (list(getattr(args, name)) if name in ("tensors", "page_stride", "token_stride", "head_stride")
+                   else getattr(args, name)) for name in FIELDS}
+
+
+def flashmla_view(cache):  # FlashMLA's [num_blocks, P, 1, record]
+    return cache.unsqueeze(2)
+
+
+def wide_rows(cache):  # a [..., :record] slice of wider rows
+    wide = torch.zeros(*cache.shape[:-1], cache.shape[-1] + 16, dtype=cache.dtype)
+    wide[..., :cache.shape[-1]] = cache
+    return wide[..., :cache.shape[-1]]
+
+
+CASES = [  # (spec, lengths, s_q, requested splits, cache view)
+    (MLA_SMALL, [5, 0, 13], 2, 0, None),
+    (MLA_SMALL, [9], 1, 3, flashmla_view),
+    (MLA_SMALL, [17, 3], 2, -4, wide_rows),
+    (GQA_SMALL, [6, 11, 1, 30], 1, 0, None),
+    (SPARSE_SMALL, [0, 0], 2, 0, None),
+    (SEPARATE_SMALL, [7, 12], 2, 2, None),
+]
+
+
+@pytest.mark.parametrize("source,lengths,s_q,requested,view", CASES)
+@pytest.mark.parametrize("given_out", [False, True])
+def test_the_launcher_packs_what_the_python_path_packs(ext, stub, source, lengths, s_q, requested, view,
+                                                       given_out):
+    k = attncc.compile(source)
+    case = testing.random_case(k.spec, lengths, s_q, device="cpu", seed=len(lengths))
+    cache = view(case.cache) if view else case.cache
+    out = lse = None
+    if given_out:
+        out = torch.empty(len(lengths), s_q, k.spec.heads_q, k.spec.d_v, dtype=case.q.dtype)
+        lse = torch.empty(len(lengths), k.spec.heads_q, s_q)
+    fast, prepare = make(ext, stub, k)
+    before = stub.dll.stub_calls()
+    got_out, got_lse = fast(case.q, cache, case.block_table, case.seqlens, case.indices, 0.3, requested, out, lse)
+    assert stub.dll.stub_calls() == before + 1
+    got = record(stub.dll.stub_last().contents)
+    p, want_args = python_args(k, stub, case.q, cache, case.block_table, case.seqlens, case.indices,
+                               requested, got_out, got_lse, 0.3)
+    want = record(want_args)
+    for name in FIELDS:
+        if name not in POINTERS:
+            assert got[name] == want[name], name
+    assert got["q"] == case.q.data_ptr() and got["out"] == got_out.data_ptr() and got["lse"] == got_lse.data_ptr()
+    assert got["tensors"] == want["tensors"] and got["stream"] == 0x5151
+    for name in ("block_table", "seqlens", "indices"):
+        assert got[name] == want[name], name
+    assert (got["partial_out"] is not None) == (got["partial_lse"] is not None) == (p.workspace is not None)
+    assert got["flags"] is not None  # the op's device word (ops.prepare_call asks for it)
+    assert tuple(got_out.shape) == p.out_shape and tuple(got_lse.shape) == p.lse_shape
+    assert got_lse.dtype == torch.float32 and got_out.dtype == case.q.dtype
+    if given_out:
+        assert got_out is out and got_lse is lse
+    if p.num_parts or p.num_splits > 1:
+        assert p.workspace is not None
+    assert (p.num_parts, p.num_splits) != (0, 0)
+
+
+def test_a_signature_is_prepared_once_and_again_when_a_shape_changes(ext, stub):
+    k = attncc.compile(MLA_SMALL)
+    fast, prepare = make(ext, stub, k)
+    case = testing.random_case(k.spec, [5, 9], 1, device="cpu")
+    call = lambda c, splits=0: fast(c.q, c.cache, c.block_table, c.seqlens, None, 0.1, splits, None, None)  # noqa: E731
+    call(case)
+    call(case)
+    fresh = lambda t: t.clone()  # noqa: E731  new tensors, new values, the same metadata
+    fast(fresh(case.q), fresh(case.cache), fresh(case.block_table), case.seqlens.flip(0).contiguous(),
+         None, 0.7, 0, None, None)
+    assert prepare.calls == 1 and fast.signatures() == 1
+    call(testing.random_case(k.spec, [5, 9, 4], 1, device="cpu"))  # a new batch size
+    call(case, 2)  # another split request
+    assert prepare.calls == 3 and fast.signatures() == 3
+    fast.forget()
+    call(case)
+    assert prepare.calls == 4
+
+
+def test_bad_arguments_raise_validates_errors_and_are_not_remembered(ext, stub):
+    k = attncc.compile(MLA_SMALL)
+    fast, prepare = make(ext, stub, k)
+    case = testing.random_case(k.spec, [5, 9], 1, device="cpu")
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"^block_table: expected dtype int32"):
+            fast(case.q, case.cache, case.block_table.long(), case.seqlens, None, 0.1, 0, None, None)
+    with pytest.raises(TypeError, match=r"^seqlens: required"):
+        fast(case.q, case.cache, case.block_table, None, None, 0.1, 0, None, None)
+    with pytest.raises(TypeError, match=r"^block_table: expected a torch.Tensor, got list"):
+        fast(case.q, case.cache, case.block_table.tolist(), case.seqlens, None, 0.1, 0, None, None)
+    with pytest.raises(TypeError, match=r"^q: expected a torch.Tensor"):
+        fast(None, case.cache, case.block_table, case.seqlens, None, 0.1, 0, None, None)
+    with pytest.raises(ValueError, match=r"^out: expected shape"):
+        fast(case.q, case.cache, case.block_table, case.seqlens, None, 0.1, 0, torch.empty(1), None)
+    assert fast.signatures() == 0
+    k2 = attncc.compile(SEPARATE_SMALL)
+    fast2, _ = make(ext, stub, k2)
+    case2 = testing.random_case(k2.spec, [5], 1, device="cpu")
+    with pytest.raises(ValueError, match=r"^cache: expected tensors"):
+        fast2(case2.q, {"latent": case2.cache["latent"]}, case2.block_table, case2.seqlens, None, 0.1, 0,
+              None, None)
+
+
+def test_calls_that_need_copies_are_left_to_the_python_path(ext, stub):
+    k = attncc.compile(MLA_SMALL)
+    fast, _ = make(ext, stub, k)
+    case = testing.random_case(k.spec, [5, 9], 2, device="cpu")
+    before = stub.dll.stub_calls()
+    strided_q = case.q.transpose(0, 1).contiguous().transpose(0, 1)
+    strided_table = torch.stack([case.block_table, case.block_table], -1)[..., 0]
+    assert fast(strided_q, case.cache, case.block_table, case.seqlens, None, 0.1, 0, None, None) is None
+    assert fast(case.q, case.cache, strided_table, case.seqlens, None, 0.1, 0, None, None) is None
+    assert stub.dll.stub_calls() == before  # nothing launched: the Python path will
+
+
+def test_a_failed_launch_raises_its_cuda_error(ext, stub):
+    k = attncc.compile(MLA_SMALL)
+    fast, _ = make(ext, stub, k)
+    case = testing.random_case(k.spec, [5], 1, device="cpu")
+    stub.dll.stub_fail_with(1)
+    try:
+        with pytest.raises(RuntimeError, match=r"^attncc kernel launch failed: CUDA error 1 "):
+            fast(case.q, case.cache, case.block_table, case.seqlens, None, 0.1, 0, None, None)
+    finally:
+        stub.dll.stub_fail_with(0)
+
+
+def test_batch_zero_allocates_outputs_and_launches_nothing(ext, stub):
+    k = attncc.compile(MLA_SMALL)
+    fast, _ = make(ext, stub, k)
+    case = testing.random_case(k.spec, [5], 1, device="cpu")
+    before = stub.dll.stub_calls()
+    out, lse = fast(case.q[:0], case.cache, case.block_table[:0], case.seqlens[:0], None, 0.1, 0, None, None)
+    assert out.shape == (0, 1, k.spec.heads_q, k.spec.d_v) and lse.shape == (0, k.spec.heads_q, 1)
+    assert stub.dll.stub_calls() == before
+
+
+def test_without_the_launcher_eager_calls_take_the_python_path(monkeypatch):
+    monkeypatch.setenv("ATTNCC_LAUNCHER", "0")
+    assert not launcher.enabled()
+    assert launcher.make(None, ["cache"], False, None) is None
+
+
+def test_a_failed_build_keeps_its_source_and_says_how_to_repeat_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails
+    with pytest.raises(attncc.build.BuildError) as err:
+        launcher.build(root=tmp_path, progress=False)
+    assert "the C++ compiler failed building attncc's launcher" in str(err.value)
+    assert err.value.source.is_file() and err.value.source.parent.parent == tmp_path / "failed"
+    assert "-o" in err.value.repro
