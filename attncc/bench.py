@@ -1,13 +1,14 @@
 """`attncc bench`: time generated ops on the GPU against measured ceilings.
 
-Each configuration: a cache larger than L2 filled with random data, seqlens all s_k
-(or, ragged, spread over [1, 2 s_k - 1] with mean exactly s_k), pages in random order; the op is first checked against the reference on a few
-sequences of the same call, then timed as the median of CUDA events around the whole
-call (split kernel + combine) with L2 flushed before each. The GPU is kept busy (a spin
-kernel after the flush) while the host enqueues the call, so the events time the GPU
-work of the call, as in a decode loop where the host runs ahead; the host's cost of one
-eager call k(...) is reported beside it, without and with metadata from k.plan (`host md`). Ceilings are measured in the same run: a
-device-to-device copy (bytes read + written) and a bf16 GEMM 8192³."""
+Each configuration: a cache larger than L2 filled with random data, seqlens all s_k (or,
+ragged, spread over [1, 2 s_k - 1] with mean exactly s_k), pages in random order; the op is
+first checked against the reference on a few sequences of the same call, then timed as the
+median of CUDA events around the replay of a CUDA graph of the whole call (split kernel +
+combine) with L2 flushed before each. The GPU is kept busy (a spin kernel after the flush)
+while the host enqueues the replay, so the events time the GPU work of the call. The host's
+cost of one eager call k(...) is reported beside it, without and with metadata from k.plan
+(`host md`). Ceilings are measured in the same run: a device-to-device copy (bytes read +
+written) and a bf16 GEMM 8192³."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,6 @@ from . import storage, testing
 from .explain import roofline
 from .ir import Spec
 from .kernel import Kernel
-from .ops import cache_list
 
 L2_FLUSH_BYTES = 256 << 20
 FILL_CHUNK_TOKENS = 1 << 16
@@ -98,6 +98,19 @@ WARMUP_SECONDS = 0.3  # the SM clock idles low between configurations: run it up
 # longer (the rest of the GPU idles meanwhile).
 SPIN_CYCLES_PER_SECOND = 2e9
 SPIN_MIN_CYCLES, SPIN_MAX_CYCLES = 50_000, 1_000_000
+
+
+def _graph_of(call) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one call (warmed up on a side stream, as capture wants)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
 
 
 def _median_seconds(fn, flush, iters: int, cover_seconds: float = 0.0) -> float:
@@ -182,9 +195,9 @@ def run_config(kernel: Kernel, cfg: Config, ceilings: dict, iters: int = 20,
                check: bool = True) -> dict:
     spec = kernel.spec
     case = inputs(spec, cfg)
-    args = (case.q, cache_list(spec, case.cache), case.block_table, case.seqlens, case.indices,
-            spec.softmax_scale, 0)
-    out, lse = kernel.op(*args)
+    call = lambda **kw: kernel(case.q, case.cache, case.block_table, case.seqlens,  # noqa: E731
+                               indices=case.indices, **kw)
+    out, lse = call()
     result = {"config": dataclasses.asdict(cfg), "spec": spec.name}
     if check:
         rows = sorted({0, cfg.batch // 2, cfg.batch - 1})[:CHECKED_SEQUENCES]
@@ -195,12 +208,10 @@ def run_config(kernel: Kernel, cfg: Config, ceilings: dict, iters: int = 20,
     flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     # the host's cost of the user's eager call (the compiled launcher where there is one),
     # without and with the step's metadata reused (k.plan(seqlens) once per step)
-    call = lambda **kw: kernel(case.q, case.cache, case.block_table, case.seqlens,  # noqa: E731
-                               indices=case.indices, **kw)
     metadata = kernel.plan(case.seqlens if case.seqlens is not None else [0] * cfg.batch, s_q=cfg.s_q)
     host_s = host_seconds(call)
     host_md_s = host_seconds(lambda: call(metadata=metadata))
-    seconds = _median_seconds(lambda: kernel.op(*args), flush=flush_buf.zero_, iters=iters,
+    seconds = _median_seconds(_graph_of(call).replay, flush=flush_buf.zero_, iters=iters,
                               cover_seconds=host_s)
     roof = roofline(spec, cfg.batch, cfg.seqlen, cfg.s_q)
     gbps, tflops = roof.bytes / seconds / 1e9, roof.flops / seconds / 1e12
@@ -209,7 +220,7 @@ def run_config(kernel: Kernel, cfg: Config, ceilings: dict, iters: int = 20,
                   pct_copy=100 * gbps / ceilings["copy_GBps"],
                   pct_gemm=100 * tflops / ceilings["gemm_TFLOPs"],
                   pct_floor=100 * floor / seconds)
-    del case, args, out, lse, flush_buf
+    del case, call, out, lse, flush_buf
     torch.cuda.empty_cache()
     return result
 

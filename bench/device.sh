@@ -27,12 +27,12 @@ for stage in "$@"; do
     done | tee "$OUT/ab.log" ;;
   sanitize)
     echo "== compute-sanitizer over every spec (racecheck, memcheck, synccheck: ~90 s on the H200)"
-    timeout ${SANITIZE_TIMEOUT:-300} python3 bench/sanitize.py --tools ${SANITIZE_TOOLS:-racecheck,memcheck,synccheck} \
-      --log "$OUT" ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -30 ;;
+    python3 bench/sanitize.py --tools ${SANITIZE_TOOLS:-racecheck,memcheck,synccheck} --jobs 4 \
+      --deadline ${SANITIZE_TIMEOUT:-150} --log "$OUT" ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -30 ;;
   initcheck)
-    # the slowest tool: fewer cases (--quick), its own time limit; the log is written as it runs
+    # the slowest tool: fewer cases (--quick), 8 processes, its own time limit; logs written as it runs
     echo "== initcheck over every spec, --quick"
-    timeout ${INITCHECK_TIMEOUT:-300} python3 bench/sanitize.py --tools initcheck --quick --log "$OUT" \
+    python3 bench/sanitize.py --tools initcheck --quick --jobs 8 --deadline ${INITCHECK_TIMEOUT:-300} --log "$OUT" \
       ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/initcheck.log" | tail -30 ;;
   host)
     echo "== host time of eager calls; eager against graph replay"

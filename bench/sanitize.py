@@ -1,7 +1,7 @@
 """compute-sanitizer over every example and the GPU test grid's specs, at small sizes (GPU).
 
     python3 bench/sanitize.py [--tools memcheck,racecheck,synccheck,initcheck] [--specs a,b]
-                              [--log DIR] [--print-limit N] [--quick]
+                              [--log DIR] [--print-limit N] [--quick] [--jobs N]
 
 For each tool, one process under `compute-sanitizer --tool T` (only attncc's kernels are
 instrumented) runs every spec on a few small cases: split mode and part mode, lengths
@@ -18,7 +18,9 @@ the launch, so that only memory no kernel wrote counts as uninitialized."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,6 +110,9 @@ def main(argv=None) -> int:
     ap.add_argument("--log", default=None, help="directory for each tool's full log")
     ap.add_argument("--print-limit", type=int, default=20, help="reports printed per tool")
     ap.add_argument("--quick", action="store_true", help="fewer cases a spec (largest s_q; 2 splits, 3 parts)")
+    ap.add_argument("--jobs", type=int, default=1, help="sanitizer processes side by side, each a share of the specs")
+    ap.add_argument("--deadline", type=float, default=0, help="seconds a tool may run (then its processes are "
+                    "stopped and it is reported unfinished); 0: no limit")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--kernel-init", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -119,6 +124,9 @@ def main(argv=None) -> int:
     log_dir = Path(args.log) if args.log else Path(tempfile.mkdtemp())
     log_dir.mkdir(parents=True, exist_ok=True)
     bad = 0
+    names = list(_specs(names))
+    jobs = max(1, min(args.jobs, len(names)))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (timeout's) stop: the finally below stops the tools
     for tool in args.tools.split(","):
         cmd = ["compute-sanitizer", "--tool", tool, "--kernel-name", "kns=attncc", "--error-exitcode", "3",
                "--print-limit", str(args.print_limit)]
@@ -128,19 +136,40 @@ def main(argv=None) -> int:
             # the API checks report torch's own device copies (H200, torch 2.11: `.any()` copies a
             # partly written scratch byte), thousands of reports before the first spec: kernels only
             cmd += ["--check-api-memory-access", "no"]
-        cmd += [sys.executable, str(Path(__file__).resolve()), "--worker", "--specs", args.specs]
+        cmd += [sys.executable, str(Path(__file__).resolve()), "--worker"]
         cmd += (["--quick"] if args.quick else []) + (["--kernel-init"] if tool == "initcheck" else [])
-        log = log_dir / f"sanitize_{tool}.log"
-        with open(log, "w") as sink:
-            proc = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        text = log.read_text()
+        # `jobs` processes side by side, each a share of the specs (the sanitizer is host-bound)
+        logs = [log_dir / (f"sanitize_{tool}.log" if jobs == 1 else f"sanitize_{tool}_{j}.log") for j in range(jobs)]
+        procs, start, unfinished = [], time.monotonic(), False
+        try:
+            for j, log in enumerate(logs):
+                with open(log, "w") as sink:
+                    procs.append(subprocess.Popen(cmd + ["--specs", ",".join(names[j::jobs])], stdout=sink,
+                                                  stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                                                  start_new_session=True))  # a group: stopped with its target
+            for proc in procs:
+                left = args.deadline - (time.monotonic() - start) if args.deadline else None
+                try:
+                    proc.wait(timeout=max(left, 0.1) if left is not None else None)
+                except subprocess.TimeoutExpired:
+                    unfinished = True
+                    break
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        codes = [proc.returncode for proc in procs]
+        text = "\n".join(log.read_text() for log in logs)
+        returncode = max(codes, key=abs)
         summary = "; ".join(dict.fromkeys(SUMMARY.findall(text))) or "no summary"
         wrong = text.count("WRONG ")
         done = text.count("case ")
-        ok = proc.returncode == 0 and not wrong
+        ok = returncode == 0 and not wrong and not unfinished
         bad += not ok
-        print(f"{tool:<10} {'clean' if ok else 'FAILED'} (exit {proc.returncode}; {summary}; "
-              f"{done} specs run, {wrong} wrong results)", flush=True)
+        verdict = "clean" if ok else f"UNFINISHED after {args.deadline:.0f} s" if unfinished else "FAILED"
+        print(f"{tool:<10} {verdict} (exit {returncode}; {summary}; {done} of {len(names)} specs run, "
+              f"{wrong} wrong results)", flush=True)
         if not ok:
             print("\n".join(text.splitlines()[-40:]))
     return 1 if bad else 0

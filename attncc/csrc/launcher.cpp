@@ -47,8 +47,16 @@ struct SignatureHash {
 struct Entry {
   bool fast = false;  // false: the Python path takes these calls
   AttnccArgs args{};  // everything but the pointers, the scale and the stream
-  std::vector<int64_t> out_shape, lse_shape, partial_out_shape, partial_lse_shape;
+  std::vector<int64_t> out_shape, lse_shape;
+  int64_t workspace_floats = 0;    // partial_out and partial_lse (abi.h), 0 when none
+  int64_t partial_lse_offset = 0;  // floats from partial_out to partial_lse
 };
+
+int64_t elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
 
 std::vector<int64_t> shape_of(py::handle shape) { return shape.cast<std::vector<int64_t>>(); }
 
@@ -100,11 +108,8 @@ class Launcher {
     if (!tout.defined()) tout = at::empty(e.out_shape, tq.options());
     if (!tlse.defined()) tlse = at::empty(e.lse_shape, tq.options().dtype(at::kFloat));
     if (e.args.batch == 0) return py::make_tuple(tout, tlse);
-    at::Tensor partial_out, partial_lse;
-    if (!e.partial_out_shape.empty()) {
-      partial_out = at::empty(e.partial_out_shape, tq.options().dtype(at::kFloat));
-      partial_lse = at::empty(e.partial_lse_shape, tq.options().dtype(at::kFloat));
-    }
+    at::Tensor workspace;  // partial_out, then partial_lse 16-byte aligned after it: one allocation
+    if (e.workspace_floats > 0) workspace = at::empty({e.workspace_floats}, tq.options().dtype(at::kFloat));
     AttnccArgs a = e.args;
     a.q = tq.data_ptr();
     a.out = tout.data_ptr();
@@ -113,8 +118,8 @@ class Launcher {
     a.block_table = tbt.defined() ? static_cast<const int*>(tbt.data_ptr()) : nullptr;
     a.seqlens = tlens.defined() ? static_cast<const int*>(tlens.data_ptr()) : nullptr;
     a.indices = tidx.defined() ? static_cast<const int*>(tidx.data_ptr()) : nullptr;
-    a.partial_out = partial_out.defined() ? static_cast<float*>(partial_out.data_ptr()) : nullptr;
-    a.partial_lse = partial_lse.defined() ? static_cast<float*>(partial_lse.data_ptr()) : nullptr;
+    a.partial_out = workspace.defined() ? static_cast<float*>(workspace.data_ptr()) : nullptr;
+    a.partial_lse = workspace.defined() ? a.partial_out + e.partial_lse_offset : nullptr;
     a.softmax_scale = static_cast<float>(scale);
     a.stream = reinterpret_cast<void*>(stream_of_(device.index()).cast<uintptr_t>());
     const int status = launch_(&a);
@@ -184,8 +189,8 @@ class Launcher {
     e.lse_shape = shape_of(p.attr("lse_shape"));
     py::object workspace = p.attr("workspace");
     if (!workspace.is_none()) {
-      e.partial_out_shape = shape_of(workspace[py::int_(0)]);
-      e.partial_lse_shape = shape_of(workspace[py::int_(1)]);
+      e.partial_lse_offset = (elements(shape_of(workspace[py::int_(0)])) + 3) / 4 * 4;
+      e.workspace_floats = e.partial_lse_offset + elements(shape_of(workspace[py::int_(1)]));
     }
     return e;
   }
