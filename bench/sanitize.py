@@ -12,9 +12,11 @@ The libraries are built (outside the sanitizer) first. initcheck, with its host-
 did not finish GLA-2's 6 cases in 100 s (racecheck runs all 21 specs in 56 s) and reported only
 torch's own copies; it now checks kernel accesses only, and --quick runs 2 cases a spec. With
 the API checks off, initcheck reported reads of cache pages that torch had filled (fill_ of a
-uint8 view, which may be a cudaMemset) and the test had written, with correct results (H200,
-session 8): for initcheck the worker rewrites every input with a kernel (--kernel-init) before
-the launch, so that only memory no kernel wrote counts as uninitialized."""
+uint8 view) and the test had written, with correct results (H200, session 8). Rewriting them
+with a kernel (add_ of 0) did not help (session 9): with the kernel filter, initcheck tracks no
+write by torch's kernels. So for initcheck the worker rewrites every input from a host copy
+(--host-init: a cudaMemcpy, which it tracks) before the launch; the workspace and outputs
+are written by attncc's own kernels, which it instruments."""
 from __future__ import annotations
 
 import argparse
@@ -42,21 +44,28 @@ def _specs(names):
     return {n: specs[n] for n in names} if names else specs
 
 
-def _rewrite_by_kernel(*tensors) -> None:
+def _rewrite_by_copy(*tensors) -> None:
     """Write every byte of each tensor (or dict of tensors) again, with the value it has, by a
-    kernel (an integer add of 0)."""
-    import torch
-
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    host-to-device copy: with the kernel filter (kns=attncc), initcheck tracks no write by
+    torch's kernels (a fill, an index_put), but it tracks a cudaMemcpy."""
     for t in tensors:
         for u in (t.values() if isinstance(t, dict) else (t,) if t is not None else ()):
-            u.view(as_int[u.element_size()]).add_(0)
+            u.copy_(u.cpu())
 
 
-def worker(names, quick: bool = False, kernel_init: bool = False) -> int:
+def _extents(case) -> str:
+    """Each input's device address range (to place an initcheck report's address)."""
+    named = {"q": case.q, "block_table": case.block_table, "seqlens": case.seqlens, "indices": case.indices}
+    cache = case.cache if isinstance(case.cache, dict) else {"cache": case.cache}
+    named.update({f"cache[{n}]": t for n, t in cache.items()})
+    return " ".join(f"{n}=[{t.data_ptr():#x},{t.data_ptr() + t.numel() * t.element_size():#x})"
+                    for n, t in named.items() if t is not None)
+
+
+def worker(names, quick: bool = False, host_init: bool = False) -> int:
     """Run the small cases of every spec (under the sanitizer); non-zero on a wrong result.
-    quick: only the largest s_q, in 2 splits and in 3 parts (initcheck is slow). kernel_init:
-    inputs rewritten by a kernel first (initcheck: see the module's docstring)."""
+    quick: only the largest s_q, in 2 splits and in 3 parts (initcheck is slow). host_init:
+    inputs rewritten by a host copy first (initcheck: see the module's docstring)."""
     import torch
 
     import attncc
@@ -75,8 +84,9 @@ def worker(names, quick: bool = False, kernel_init: bool = False) -> int:
         for s_q in range(spec.max_query_len if quick else 1, spec.max_query_len + 1):
             for splits in (2, -3) if quick else (0, 2, -3):  # the launch's choice, 2 splits, 3 parts
                 case = testing.random_case(spec, lengths, s_q, seed=7 * s_q + splits)
-                if kernel_init:
-                    _rewrite_by_kernel(case.q, case.cache, case.block_table, case.seqlens, case.indices)
+                if host_init:
+                    _rewrite_by_copy(case.q, case.cache, case.block_table, case.seqlens, case.indices)
+                    print(f"inputs of {name} s_q={s_q} splits={splits}: {_extents(case)}", flush=True)
                 out, lse = k.op(case.q, cache_list(spec, case.cache), case.block_table, case.seqlens,
                                 case.indices, spec.softmax_scale, splits)
                 torch.cuda.synchronize()
@@ -114,11 +124,11 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, default=0, help="seconds a tool may run (then its processes are "
                     "stopped and it is reported unfinished); 0: no limit")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--kernel-init", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--host-init", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     names = [n for n in args.specs.split(",") if n]
     if args.worker:
-        return worker(names, args.quick, args.kernel_init)
+        return worker(names, args.quick, args.host_init)
     build(names)
     # each tool's log, written as it runs, so a run cut short (initcheck is slow) leaves what it found
     log_dir = Path(args.log) if args.log else Path(tempfile.mkdtemp())
@@ -137,7 +147,7 @@ def main(argv=None) -> int:
             # partly written scratch byte), thousands of reports before the first spec: kernels only
             cmd += ["--check-api-memory-access", "no"]
         cmd += [sys.executable, str(Path(__file__).resolve()), "--worker"]
-        cmd += (["--quick"] if args.quick else []) + (["--kernel-init"] if tool == "initcheck" else [])
+        cmd += (["--quick"] if args.quick else []) + (["--host-init"] if tool == "initcheck" else [])
         # `jobs` processes side by side, each a share of the specs (the sanitizer is host-bound)
         logs = [log_dir / (f"sanitize_{tool}.log" if jobs == 1 else f"sanitize_{tool}_{j}.log") for j in range(jobs)]
         procs, start, unfinished = [], time.monotonic(), False
