@@ -16,8 +16,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -84,22 +84,25 @@ class Launcher {
   // (out, lse), or None when the call is the Python path's.
   py::object call(py::handle q, py::handle cache, py::handle block_table, py::handle seqlens,
                   py::handle indices, double scale, int64_t num_splits, py::handle out, py::handle lse) {
-    signature_.clear();
-    signature_.push_back(num_splits);
+    // a local signature: prepare runs Python, which may let another thread call in meanwhile
+    Signature sig;
+    sig.reserve(64);
+    sig.push_back(num_splits);
     at::Tensor tq, tcache[ATTNCC_MAX_TENSORS], tbt, tlens, tidx, tout, tlse;
-    bool ok = !q.is_none() && sign(q, &tq) && sign_cache(cache, tcache) && sign(block_table, &tbt) &&
-              sign(seqlens, &tlens) && sign(indices, &tidx) && sign(out, &tout) && sign(lse, &tlse);
+    bool ok = !q.is_none() && sign(sig, q, &tq) && sign_cache(sig, cache, tcache) && sign(sig, block_table, &tbt) &&
+              sign(sig, seqlens, &tlens) && sign(sig, indices, &tidx) && sign(sig, out, &tout) && sign(sig, lse, &tlse);
     if (!ok) {  // not tensors where tensors go: prepare raises the argument's error
       prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse);
       return py::none();
     }
-    auto found = entries_.find(signature_);
+    auto found = entries_.find(sig);
     if (found == entries_.end()) {
-      Entry entry = make_entry(prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse));
+      auto entry = make_entry(prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse));
       if (entries_.size() >= kMaxSignatures) entries_.clear();
-      found = entries_.emplace(signature_, std::move(entry)).first;
+      found = entries_.insert_or_assign(std::move(sig), std::move(entry)).first;
     }
-    const Entry& e = found->second;
+    const std::shared_ptr<const Entry> held = found->second;  // Python below may change the map
+    const Entry& e = *held;
     if (!e.fast) return py::none();
     const c10::Device device = tq.device();
     if (device.is_cuda() && c10::impl::getDeviceGuardImpl(device.type())->getDevice() != device)
@@ -135,43 +138,44 @@ class Launcher {
 
  private:
   // An argument's words of the signature; false when it is neither None nor a tensor with storage.
-  bool sign(py::handle h, at::Tensor* t) {
+  static bool sign(Signature& sig, py::handle h, at::Tensor* t) {
     if (h.is_none()) {
-      signature_.push_back(kNone);
+      sig.push_back(kNone);
       return true;
     }
     if (!THPVariable_Check(h.ptr())) return false;
     *t = THPVariable_Unpack(h.ptr());
     if (!t->has_storage()) return false;
-    signature_.push_back(static_cast<int64_t>(t->scalar_type()));
-    signature_.push_back(static_cast<int64_t>(t->device().type()) * 65536 + t->device().index());
-    signature_.push_back(t->dim());
-    for (int64_t s : t->sizes()) signature_.push_back(s);
-    for (int64_t s : t->strides()) signature_.push_back(s);
-    signature_.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data_ptr()) & 15));
-    signature_.push_back((t->storage_offset() * static_cast<int64_t>(t->element_size())) & 15);
+    sig.push_back(static_cast<int64_t>(t->scalar_type()));
+    sig.push_back(static_cast<int64_t>(t->device().type()) * 65536 + t->device().index());
+    sig.push_back(t->dim());
+    for (int64_t s : t->sizes()) sig.push_back(s);
+    for (int64_t s : t->strides()) sig.push_back(s);
+    sig.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data_ptr()) & 15));
+    sig.push_back((t->storage_offset() * static_cast<int64_t>(t->element_size())) & 15);
     return true;
   }
 
   // A packed cache is one tensor, a separate one a dict with exactly the plan's names.
-  bool sign_cache(py::handle cache, at::Tensor* tensors) {
+  bool sign_cache(Signature& sig, py::handle cache, at::Tensor* tensors) const {
     if (!separate_) {
-      signature_.push_back(0);
-      return !cache.is_none() && sign(cache, tensors);
+      sig.push_back(0);
+      return !cache.is_none() && sign(sig, cache, tensors);
     }
     if (!PyDict_Check(cache.ptr()) || PyDict_Size(cache.ptr()) != static_cast<Py_ssize_t>(names_.size()))
       return false;
-    signature_.push_back(1);
+    sig.push_back(1);
     for (size_t i = 0; i < names_.size(); ++i) {
       PyObject* item = PyDict_GetItemString(cache.ptr(), names_[i].c_str());  // borrowed
-      if (item == nullptr || !sign(py::handle(item), tensors + i) || !tensors[i].defined()) return false;
+      if (item == nullptr || !sign(sig, py::handle(item), tensors + i) || !tensors[i].defined()) return false;
     }
     return true;
   }
 
-  Entry make_entry(py::handle p) const {
-    Entry e;
-    if (p.is_none()) return e;
+  std::shared_ptr<const Entry> make_entry(py::handle p) const {
+    auto made = std::make_shared<Entry>();
+    Entry& e = *made;
+    if (p.is_none()) return made;
     e.fast = true;
     AttnccArgs& a = e.args;
     a.batch = p.attr("batch").cast<int>();
@@ -192,15 +196,14 @@ class Launcher {
       e.partial_lse_offset = (elements(shape_of(workspace[py::int_(0)])) + 3) / 4 * 4;
       e.workspace_floats = e.partial_lse_offset + elements(shape_of(workspace[py::int_(1)]));
     }
-    return e;
+    return made;
   }
 
   LaunchFn launch_;
   std::vector<std::string> names_;
   bool separate_;
   py::object prepare_, stream_of_, fail_;
-  Signature signature_;  // the current call's, reused
-  std::unordered_map<Signature, Entry, SignatureHash> entries_;
+  std::unordered_map<Signature, std::shared_ptr<const Entry>, SignatureHash> entries_;
 };
 
 }  // namespace
