@@ -85,6 +85,21 @@ def parse_ptxas(log: str) -> list[KernelResources]:
     return kernels
 
 
+# ptxas's warnings that wgmma instructions were serialized (a Hopper kernel at a fraction of speed)
+_SERIALIZED = re.compile(r"\((C7515|C7511)\)|wgmma\S* instructions are serialized")
+
+
+def unfit(kernels: list[KernelResources], log: str) -> list[str]:
+    """What makes a build unfit to run: register spills, a stack frame (local memory on the hot
+    path), wgmma serialized by ptxas. The lowering must not produce them; a build that has
+    them is refused (compile_source), not run slowly."""
+    problems = [f"{k.function}: {k.spill_stores} bytes spill stores, {k.spill_loads} bytes spill loads"
+                for k in kernels if k.spill_stores or k.spill_loads]
+    problems += [f"{k.function}: a {k.stack_bytes}-byte stack frame" for k in kernels if k.stack_bytes]
+    problems += list(dict.fromkeys(line.strip() for line in log.splitlines() if _SERIALIZED.search(line)))
+    return problems
+
+
 def _demangle(name: str) -> str:
     tool = shutil.which("cu++filt") or shutil.which("c++filt")
     if not tool:
@@ -141,10 +156,11 @@ def _write_ninja(directory: Path, command: list[str]) -> None:
         f"build {shlex.quote(Path(output).name)}: nvcc {shlex.quote(Path(source).name)}\n")
 
 
-def compile_source(plan: Plan, directory: Path, arch: str | None = None,
-                   progress: bool = True) -> tuple[Path, list[KernelResources], str]:
+def compile_source(plan: Plan, directory: Path, arch: str | None = None, progress: bool = True,
+                   strict: bool = True) -> tuple[Path, list[KernelResources], str]:
     """Render and compile into `directory` with ninja (no caching): the library, the
-    ptxas report and the full compiler log. Raises BuildError carrying the log."""
+    ptxas report and the full compiler log. Raises BuildError carrying the log, also (strict)
+    for a build that unfit() refuses."""
     arch = arch or plan.target
     directory.mkdir(parents=True, exist_ok=True)
     source = directory / source_name(plan)
@@ -160,7 +176,11 @@ def compile_source(plan: Plan, directory: Path, arch: str | None = None,
             raise BuildError(f"nvcc failed building `{plan.name}` (exit {result.returncode})",
                              log, source, repro)
     (directory / "ptxas.log").write_text(log)
-    return library, parse_ptxas(log), log
+    kernels = parse_ptxas(log)
+    if strict and (problems := unfit(kernels, log)):
+        raise BuildError(f"ptxas: `{plan.name}` for {arch} is refused: " + "; ".join(problems)
+                         + " (a lowering bug: please report it with the spec)", log, source, repro)
+    return library, kernels, log
 
 
 class Quiet:

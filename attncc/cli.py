@@ -49,7 +49,7 @@ def _compile(args) -> int:
 
     import attncc
 
-    from .build import compile_source, nvcc
+    from .build import compile_source, nvcc, unfit
     from .render import write_sources
 
     plan = attncc.compile(Path(args.spec)).plan
@@ -77,19 +77,21 @@ def _compile(args) -> int:
               f"compile but not launch there; write `target {arch}` in the schedule to lower for it",
               file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        _, kernels, _ = compile_source(plan, Path(tmp), arch)
+        _, kernels, log = compile_source(plan, Path(tmp), arch, strict=False)  # the table, then the verdict
     print(f"{'kernel':<48} {'regs':>5} {'smem':>8} {'stack':>6} {'spills':>7}")
-    spilled = False
     for k in kernels:
         short = k.function.replace("(anonymous namespace)::", "").split("(")[0]
         dynamic = "decode_kernel" in short or "decode_parts_kernel" in short  # the plan's smem
         smem = k.smem_bytes + (plan.config.smem_bytes if dynamic else 0)
         spills = k.spill_stores + k.spill_loads
-        spilled |= spills > 0
         print(f"{short:<48} {k.registers:>5} {smem:>8} {k.stack_bytes:>6} {spills:>7}")
-    if spilled:
-        print("attncc: warning: register spills (local memory traffic on the hot path)",
-              file=sys.stderr)
+    problems = unfit(kernels, log)
+    for problem in problems:
+        print(f"attncc: error: {problem}", file=sys.stderr)
+    if problems:
+        print("attncc: error: the JIT refuses this build (spills, a stack frame or serialized wgmma: a "
+              "lowering bug; please report it with the spec)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -163,6 +163,38 @@ def test_build_error_for_missing_headers(tmp_path, monkeypatch):
     assert "repro: " in text
 
 
+STACK_KERNEL = """
+extern "C" __global__ void attncc_test_stack(float* out, int i) {  // stored at run-time indices: local memory
+  float local[256];
+  for (int j = 0; j < 256; ++j) local[(j * i) & 255] = out[j];
+  out[0] = local[i & 255];
+}
+"""
+
+
+def test_a_build_with_a_stack_frame_is_refused(tmp_path, monkeypatch):
+    plan = small_plan()
+    real_render = attncc.build.render
+    monkeypatch.setattr(attncc.build, "render", lambda p: real_render(p) + STACK_KERNEL)
+    with pytest.raises(BuildError, match=r"is refused: attncc_test_stack: a \d+-byte stack frame") as info:
+        compile_source(plan, tmp_path / "strict", progress=False)
+    assert info.value.source.is_file() and "repro: " in str(info.value)
+    _, kernels, log = compile_source(plan, tmp_path / "loose", progress=False, strict=False)  # attncc compile's table
+    assert [p.split(":")[0] for p in attncc.build.unfit(kernels, log)] == ["attncc_test_stack"]
+
+
+def test_spills_and_serialized_wgmma_make_a_build_unfit():
+    R = attncc.build.KernelResources
+    clean = R("ok", 100, 0, 0, 0, 0)
+    assert attncc.build.unfit([clean], "ptxas info    : Used 100 registers") == []
+    spilled = R("spiller", 255, 0, 0, 8, 16)
+    warning = ("ptxas warning : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+               "serialized due to the presence of Extern calls in the function 'k'.")
+    problems = attncc.build.unfit([clean, spilled], warning + "\n" + warning)
+    assert problems == ["spiller: 8 bytes spill stores, 16 bytes spill loads", warning]
+    assert attncc.build.unfit([], "ptxas warning : (C7511) wgmma.mma_async serialized") != []
+
+
 # --- (e) progress ----------------------------------------------------------------------
 
 def test_progress_line_on_stderr(tmp_path, capsys):
