@@ -6,8 +6,10 @@ first checked against the reference on a few sequences of the same call, then ti
 median of CUDA events around the replay of a CUDA graph of the whole call (split kernel +
 combine) with L2 flushed before each. The GPU is kept busy (a spin kernel after the flush)
 while the host enqueues the replay, so the events time the GPU work of the call. The host's
-cost of one eager call k(...) is reported beside it, without and with metadata from k.plan
-(`host md`). Ceilings are measured in the same run: a device-to-device copy (bytes read +
+cost of one eager call k(...) is reported beside it: the median over calls made back to back
+(the host ahead of the GPU, as in a decode loop), without and with metadata from k.plan
+(`host md`), and with metadata after a sync each (`md idle`: the GPU idle, the host just woken
+from waiting for it). Ceilings are measured in the same run: a device-to-device copy (bytes read +
 written) and a bf16 GEMM 8192³."""
 from __future__ import annotations
 
@@ -141,13 +143,17 @@ def _median_seconds(fn, flush, iters: int, cover_seconds: float = 0.0) -> float:
     return statistics.median(times)
 
 
-def host_seconds(fn, iters: int = 10) -> float:
-    """Median host time to enqueue one call (the GPU idle, so nothing waits on it)."""
+def host_seconds(fn, iters: int = 10, back_to_back: bool = False) -> float:
+    """Median host time to enqueue one call: with the GPU idle before each (a sync before
+    every call, so nothing waits on it), or back_to_back: calls in a row with no sync between,
+    as in a decode loop where the host runs ahead of the GPU (each call timed alone; the GPU
+    queue holds them all, so no call waits for a slot)."""
     import time
 
     times = []
     for _ in range(iters):
-        torch.cuda.synchronize()
+        if not back_to_back:
+            torch.cuda.synchronize()
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
@@ -210,14 +216,15 @@ def run_config(kernel: Kernel, cfg: Config, ceilings: dict, iters: int = 20,
     # the host's cost of the user's eager call (the compiled launcher where there is one),
     # without and with the step's metadata reused (k.plan(seqlens) once per step)
     metadata = kernel.plan(case.seqlens if case.seqlens is not None else [0] * cfg.batch, s_q=cfg.s_q)
-    host_s = host_seconds(call, HOST_CALLS)
-    host_md_s = host_seconds(lambda: call(metadata=metadata), HOST_CALLS)
+    host_s = host_seconds(call, HOST_CALLS, back_to_back=True)
+    host_md_s = host_seconds(lambda: call(metadata=metadata), HOST_CALLS, back_to_back=True)
+    host_idle_s = host_seconds(lambda: call(metadata=metadata), HOST_CALLS)
     seconds = _median_seconds(_graph_of(call).replay, flush=flush_buf.zero_, iters=iters,
                               cover_seconds=host_s)
     roof = roofline(spec, cfg.batch, cfg.seqlen, cfg.s_q)
     gbps, tflops = roof.bytes / seconds / 1e9, roof.flops / seconds / 1e12
     floor = max(roof.bytes / (ceilings["copy_GBps"] * 1e9), roof.flops / (ceilings["gemm_TFLOPs"] * 1e12))
-    result.update(us=seconds * 1e6, host_us=host_s * 1e6, host_md_us=host_md_s * 1e6, GBps=gbps, TFLOPs=tflops, bound=roof.bound,
+    result.update(us=seconds * 1e6, host_us=host_s * 1e6, host_md_us=host_md_s * 1e6, host_idle_us=host_idle_s * 1e6, GBps=gbps, TFLOPs=tflops, bound=roof.bound,
                   pct_copy=100 * gbps / ceilings["copy_GBps"],
                   pct_gemm=100 * tflops / ceilings["gemm_TFLOPs"],
                   pct_floor=100 * floor / seconds)
@@ -230,12 +237,13 @@ def format_table(results: list[dict], ceilings: dict) -> str:
     lines = [f"ceilings (this run): copy {ceilings['copy_GBps']:.0f} GB/s, bf16 GEMM "
              f"{ceilings['gemm_TFLOPs']:.0f} TFLOP/s",
              f"{'spec':<22} {'config':<44} {'us':>8} {'GB/s':>7} {'TFLOP/s':>8} "
-             f"{'%copy':>6} {'%gemm':>6} {'%floor':>7} {'host us':>8} {'host md':>8}"]
+             f"{'%copy':>6} {'%gemm':>6} {'%floor':>7} {'host us':>8} {'host md':>8} {'md idle':>8}"]
     for r in results:
         cfg = Config(**r["config"])
         lines.append(f"{r['spec']:<22} {cfg.label():<44} {r['us']:8.1f} {r['GBps']:7.0f} "
                      f"{r['TFLOPs']:8.1f} {r['pct_copy']:6.1f} {r['pct_gemm']:6.1f} {r['pct_floor']:7.1f} "
-                     f"{r['host_us']:8.1f} {r.get('host_md_us', float('nan')):8.1f}")
+                     f"{r['host_us']:8.1f} {r.get('host_md_us', float('nan')):8.1f} "
+                     f"{r.get('host_idle_us', float('nan')):8.1f}")
     return "\n".join(lines)
 
 

@@ -72,6 +72,8 @@ def main(argv=None) -> int:
         ("    current stream", lambda: torch.cuda.current_stream(case.q.device).cuda_stream),
     ]
     results = [(label, bench.host_seconds(fn, args.calls) * 1e6) for label, fn in rows]
+    results.insert(2, ("eager call k(..., metadata), back to back (no sync)",
+                       bench.host_seconds(lambda: call(metadata=metadata), args.calls, back_to_back=True) * 1e6))
     print(f"{spec.name} b={args.batch} s_q={args.sq} s_k={args.seqlen}: host us per call (median of {args.calls})")
     for label, us in results:
         print(f"  {label:<52} {us:8.1f}")
