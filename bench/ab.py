@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attncc import abi, bench, ops, split  # noqa: E402
+from attncc import abi, bench, ops  # noqa: E402
 from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
 from attncc.ops import cache_list  # noqa: E402
@@ -58,36 +58,28 @@ def load(path: str):
     return lib
 
 
-def make_args(plan, lib, case, spec):
+def make_args(plan, lib, case, spec, stream=None):
+    """One call's AttnccArgs for `lib` and the tensors they point at (out, lse, the workspace, the
+    flag word), and (splits, parts): today's ABI through ops.prepare and ops.pack, the op's own
+    preparation; version 1 from the same preparation, without strides, page count and flags."""
     q = case.q
-    batch, s_q = q.shape[:2]
-    kv = spec.topk if spec.sparse else case.block_table.shape[1] * spec.page_size
-    per_sm = lib.ctas_per_sm() if split.balanced(plan) else 1
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits, parts = split.launch_schedule(plan, batch, s_q, kv, 0, sms, per_sm)
-    out = torch.empty(batch, s_q, spec.heads_q, spec.d_v, dtype=q.dtype, device="cuda")
-    lse = torch.empty(batch, spec.heads_q, s_q, dtype=torch.float32, device="cuda")
-    ws = split.workspace_shapes(plan, batch, s_q, splits, parts)
+    views = [ops._cache_view(spec, plan, i, t) for i, t in enumerate(cache_list(spec, case.cache))]
+    flags = torch.zeros(1, dtype=torch.int32, device=q.device)
+    p = ops.prepare(plan, lib, q, views, case.block_table, 0, flags)
+    out = torch.empty(p.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(p.lse_shape, dtype=torch.float32, device=q.device)
     po = pl = None
-    if ws is not None:
-        po = torch.empty(ws[0], dtype=torch.float32, device="cuda")
-        pl = torch.empty(ws[1], dtype=torch.float32, device="cuda")
+    if p.workspace is not None:
+        po, pl = (torch.empty(shape, dtype=torch.float32, device=q.device) for shape in p.workspace)
+    stream = torch.cuda.current_stream().cuda_stream if stream is None else stream
+    if lib.struct is abi.AttnccArgs:
+        a = ops.pack(p, q, out, lse, views, case.block_table, case.seqlens, case.indices, po, pl,
+                     spec.softmax_scale, stream)
+        return a, (out, lse, po, pl, flags), (p.num_splits, p.num_parts)
     a = lib.struct()
     a.q, a.out, a.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
-    tensors = cache_list(spec, case.cache)
-    for i, t in enumerate(tensors):
+    for i, t in enumerate(views):
         a.tensors[i] = t.data_ptr()
-    flags = None
-    if lib.struct is abi.AttnccArgs:  # version 2: strides, page count, flags
-        for i, t in enumerate(tensors):
-            view = ops._cache_view(spec, plan, i, t)
-            a.page_stride[i], a.token_stride[i], a.head_stride[i] = ops._strides(
-                view, plan.layout.tensors[i].head_axis)
-        a.num_pages = tensors[0].shape[0]
-        if case.block_table is not None:
-            a.block_table_cols = case.block_table.shape[1]
-        flags = torch.zeros(1, dtype=torch.int32, device="cuda")
-        a.flags = flags.data_ptr()
     if case.block_table is not None:
         a.block_table, a.block_table_stride = case.block_table.data_ptr(), case.block_table.stride(0)
         a.seqlens = case.seqlens.data_ptr()
@@ -95,10 +87,10 @@ def make_args(plan, lib, case, spec):
         a.indices = case.indices.data_ptr()
     a.partial_out = po.data_ptr() if po is not None else None
     a.partial_lse = pl.data_ptr() if pl is not None else None
-    a.batch, a.s_q, a.num_splits, a.num_parts = batch, s_q, splits, parts
+    a.batch, a.s_q, a.num_splits, a.num_parts = p.batch, p.s_q, p.num_splits, p.num_parts
     a.softmax_scale = spec.softmax_scale
-    a.stream = torch.cuda.current_stream().cuda_stream
-    return a, (out, lse, po, pl, flags), (splits, parts)
+    a.stream = stream
+    return a, (out, lse, po, pl, None), (p.num_splits, p.num_parts)
 
 
 def main(argv=None) -> int:

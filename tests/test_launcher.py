@@ -241,3 +241,28 @@ def test_a_failed_build_keeps_its_source_and_says_how_to_repeat_it(tmp_path, mon
     assert "the C++ compiler failed building attncc's launcher" in str(err.value)
     assert err.value.source.is_file() and err.value.source.parent.parent == tmp_path / "failed"
     assert "-o" in err.value.repro
+
+
+def test_the_ab_script_drives_a_library_with_the_ops_own_arguments(stub):
+    """bench/ab.py (a device benchmark) packs today's ABI with ops.prepare and ops.pack: on CPU,
+    with the stub, its AttnccArgs are the Python path's."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "ab.py"
+    module_spec = importlib.util.spec_from_file_location("attncc_bench_ab", path)
+    ab = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(ab)
+    k = attncc.compile(SEPARATE_SMALL)
+    lib = ab.load(str(stub.path))
+    assert lib.struct is abi.AttnccArgs
+    case = testing.random_case(k.spec, [7, 12, 0], 2, device="cpu", seed=5)
+    args, (out, lse, po, pl, flags), (splits, parts) = ab.make_args(k.plan, lib, case, k.spec, stream=0x5151)
+    p, want = python_args(k, stub, case.q, case.cache, case.block_table, case.seqlens, case.indices, 0, out, lse,
+                          k.spec.softmax_scale)
+    got, want = record(args), record(want)
+    for name in FIELDS:
+        if name not in ("partial_out", "partial_lse", "flags"):
+            assert got[name] == want[name], name
+    assert (splits, parts) == (p.num_splits, p.num_parts) and flags is not None and got["flags"] == flags.data_ptr()
+    assert (po is None) == (p.workspace is None)
