@@ -266,3 +266,34 @@ def test_the_ab_script_drives_a_library_with_the_ops_own_arguments(stub):
             assert got[name] == want[name], name
     assert (splits, parts) == (p.num_splits, p.num_parts) and flags is not None and got["flags"] == flags.data_ptr()
     assert (po is None) == (p.workspace is None)
+
+
+def test_threads_that_meet_in_prepare_keep_their_own_signatures(ext, stub):
+    """prepare runs Python, where another thread can call the same launcher: each call must
+    remember its own signature's preparation (a shared one would be overwritten)."""
+    import threading
+    import time
+
+    k = attncc.compile(MLA_SMALL)
+    inner = partial(ops.prepare_call, k.spec, k.plan, stub, devicecheck.DeviceFlags())
+    both_inside = threading.Barrier(2)
+
+    def slow_prepare(*args):
+        both_inside.wait(timeout=10)  # both threads inside prepare at once
+        time.sleep(0.01)
+        return inner(*args)
+
+    fast = ext.Launcher(ctypes.cast(stub.dll.attncc_launch, ctypes.c_void_p).value, ["cache"], False,
+                        slow_prepare, lambda index: 0, stub.fail)
+    cases = {batch: testing.random_case(k.spec, [5] * batch, 1, device="cpu", seed=batch) for batch in (2, 3)}
+    call = lambda c: fast(c.q, c.cache, c.block_table, c.seqlens, None, 0.1, 0, None, None)  # noqa: E731
+    threads = [threading.Thread(target=call, args=(c,)) for c in cases.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert fast.signatures() == 2
+    for batch, case in cases.items():  # remembered now: no prepare (the barrier would time out)
+        out, lse = call(case)
+        assert out.shape[0] == batch and lse.shape[0] == batch
+        assert stub.dll.stub_last().contents.batch == batch
