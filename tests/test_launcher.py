@@ -297,3 +297,15 @@ def test_threads_that_meet_in_prepare_keep_their_own_signatures(ext, stub):
         out, lse = call(case)
         assert out.shape[0] == batch and lse.shape[0] == batch
         assert stub.dll.stub_last().contents.batch == batch
+
+
+def test_where_the_launcher_cannot_be_built_one_warning_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNCC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails
+    launcher.module.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"no compiled launcher \(the C\+\+ compiler failed.*Python path"):
+            assert launcher.module() is None
+        assert launcher.module() is None  # remembered: no second build, no second warning
+    finally:
+        launcher.module.cache_clear()
