@@ -125,5 +125,12 @@ def make(library: abi.Library, tensor_names: list[str], separate: bool, prepare,
     if not enabled() or (ext := module()) is None:
         return None
     launch = abi.ctypes.cast(library.dll.attncc_launch, abi.ctypes.c_void_p).value
-    return ext.Launcher(launch, list(tensor_names), separate, prepare,
-                        stream_of or torch._C._cuda_getCurrentRawStream, library.fail)
+    return ext.Launcher(launch, list(tensor_names), separate, prepare, stream_of or _current_stream(),
+                        library.fail)
+
+
+def _current_stream():
+    """device index -> the current cudaStream_t: torch's raw getter (what inductor's code calls),
+    else through the Stream object."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw if raw is not None else (lambda index: torch.cuda.current_stream(index).cuda_stream)
