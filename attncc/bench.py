@@ -103,7 +103,7 @@ SPIN_CYCLES_PER_SECOND = 2e9
 SPIN_MIN_CYCLES, SPIN_MAX_CYCLES = 50_000, 1_000_000
 
 
-def _graph_of(call) -> torch.cuda.CUDAGraph:
+def graph_of(call) -> torch.cuda.CUDAGraph:
     """A CUDA graph of one call (warmed up on a side stream, as capture wants)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -219,7 +219,7 @@ def run_config(kernel: Kernel, cfg: Config, ceilings: dict, iters: int = 20,
     host_s = host_seconds(call, HOST_CALLS, back_to_back=True)
     host_md_s = host_seconds(lambda: call(metadata=metadata), HOST_CALLS, back_to_back=True)
     host_idle_s = host_seconds(lambda: call(metadata=metadata), HOST_CALLS)
-    seconds = _median_seconds(_graph_of(call).replay, flush=flush_buf.zero_, iters=iters,
+    seconds = _median_seconds(graph_of(call).replay, flush=flush_buf.zero_, iters=iters,
                               cover_seconds=host_s)
     roof = roofline(spec, cfg.batch, cfg.seqlen, cfg.s_q)
     gbps, tflops = roof.bytes / seconds / 1e9, roof.flops / seconds / 1e12

@@ -96,15 +96,7 @@ def back_to_back(call, n: int) -> tuple[float, float]:
         torch.cuda.synchronize()
         return (time.perf_counter() - start) / n * 1e6
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # warm (the graph's allocations come from its own pool)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return per_call(call), per_call(graph.replay)
+    return per_call(call), per_call(bench.graph_of(call).replay)
 
 
 if __name__ == "__main__":
