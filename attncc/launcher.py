@@ -9,6 +9,7 @@ no Python headers, a failed build) eager calls take the Python path, ~100 µs sl
 warning says why. ATTNCC_LAUNCHER=0 turns it off."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -99,9 +100,7 @@ def load(path: Path):
         MODULE, path, loader=importlib.machinery.ExtensionFileLoader(MODULE, str(path)))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if module.ABI_VERSION != abi.ABI_VERSION or module.ARGS_SIZE != abi.ctypes.sizeof(abi.AttnccArgs):
-        raise abi.AbiMismatch(f"{path} was built for attncc ABI version {module.ABI_VERSION}; this "
-                              f"attncc speaks {abi.ABI_VERSION}: delete it and call again")
+    abi.check_abi(module, path)
     return module
 
 
@@ -124,7 +123,7 @@ def make(library: abi.Library, tensor_names: list[str], separate: bool, prepare,
     stream_of(device index) -> the current stream (default: torch's current CUDA stream)."""
     if not enabled() or (ext := module()) is None:
         return None
-    launch = abi.ctypes.cast(library.dll.attncc_launch, abi.ctypes.c_void_p).value
+    launch = ctypes.cast(library.dll.attncc_launch, ctypes.c_void_p).value
     return ext.Launcher(launch, list(tensor_names), separate, prepare, stream_of or _current_stream(),
                         library.fail)
 

@@ -210,8 +210,9 @@ class Launcher {
 
 PYBIND11_MODULE(attncc_launcher, m) {
   m.doc() = "attncc's compiled launcher (attncc/csrc/launcher.cpp)";
-  m.attr("ABI_VERSION") = ATTNCC_ABI_VERSION;
-  m.attr("ARGS_SIZE") = static_cast<int>(sizeof(AttnccArgs));
+  // what attncc/abi.py's check_abi asks a kernel library, asked of this module too
+  m.def("attncc_abi_version", [] { return ATTNCC_ABI_VERSION; });
+  m.def("attncc_args_size", [] { return static_cast<int>(sizeof(AttnccArgs)); });
   py::class_<Launcher>(m, "Launcher")
       .def(py::init<uintptr_t, std::vector<std::string>, bool, py::object, py::object, py::object>(),
            py::arg("launch"), py::arg("tensors"), py::arg("separate"), py::arg("prepare"),
