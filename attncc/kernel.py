@@ -23,12 +23,13 @@ def _direct_launch(q) -> bool:
 
 
 class Kernel:
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: Spec, family: str | None = None):
+        """`family`: run the spec on that kernel family only (attncc.testing.on_family)."""
         self.spec = spec
         self._op = self._plan = self._plan_error = None
         self._flags = devicecheck.DeviceFlags()
         try:
-            self._plan = lower(spec)
+            self._plan = lower(spec, family)
         except SpecError as exc:
             if spec.schedule.spans and not isinstance(exc, UnsupportedSpec):
                 raise  # the user wrote this schedule and it cannot run: tell them now
@@ -39,7 +40,7 @@ class Kernel:
             from .ops import op_for
 
             # registered now: a first use inside torch.compile could not register it
-            self._op = op_for(spec, self._plan)
+            self._op = op_for(spec, self._plan, f"_{family}" if family else "")
             self._flags = self._op.flags  # shared with the op's kernels
 
     @property

@@ -120,13 +120,15 @@ def _no_family(spec: Spec, refusals: list[tuple[str, Refusal]]) -> SpecError:
         first = min(at_knob, key=lambda r: (r.span.line, r.span.column) if r.span else (0, 0))
         return SpecError(f"no kernel family runs this schedule on {spec.schedule.target}: {reasons}",
                          spec.source, first.span or spec.span_of("name"))
-    span = next((r.span for _, r in refusals if r.span), spec.span_of("name"))
+    # the most general family's reason (the last asked) points at the spec
+    span = next((r.span for _, r in reversed(refusals) if r.span), spec.span_of("name"))
     return UnsupportedSpec(f"no kernel family runs this spec on {spec.schedule.target}: {reasons}",
                            spec.source, span)
 
 
-def lower(spec: Spec) -> Plan:
-    """Resolve the spec and its schedule to a kernel plan, or raise at the knob."""
+def lower(spec: Spec, family: str | None = None) -> Plan:
+    """Resolve the spec and its schedule to a kernel plan, or raise at the knob. `family`: only
+    that family is asked (tests run a spec on every family that takes it)."""
     sched = spec.schedule
     target = TARGETS[sched.target]
     layout = record_layout(spec)
@@ -135,7 +137,8 @@ def lower(spec: Spec) -> Plan:
                               f"at most {MAX_TENSORS} (abi.h)", spec.source, spec.span_of("cache"))
     refusals: list[tuple[str, Refusal]] = []
     written = [k for k in _written_knobs(spec) if k not in families.COMMON_KNOBS]
-    for family in families.for_target(sched.target):
+    candidates = [f for f in families.for_target(sched.target) if family in (None, f.name)]
+    for family in candidates:
         unknown = [k for k in written if k not in family.honours | family.tolerates]
         if unknown:
             refusals.append((family.name, Refusal(f"does not apply `{unknown[0]}`",

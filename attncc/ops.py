@@ -176,9 +176,10 @@ def prepare_call(spec: Spec, plan: Plan, library: Library, flags: devicecheck.De
 _OPS: dict[str, object] = {}
 
 
-def op_for(spec: Spec, plan: Plan):
-    """The torch op of a checked spec, registered once per process."""
-    qualname = f"attncc::{spec.name}_{spec.digest[:12]}"
+def op_for(spec: Spec, plan: Plan, tag: str = ""):
+    """The torch op of a checked spec, registered once per process (`tag`: a plan of a
+    family the caller chose, registered beside the default one)."""
+    qualname = f"attncc::{spec.name}_{spec.digest[:12]}{tag}"
     if qualname in _OPS:
         return _OPS[qualname]
     libraries: dict[str, Library] = {}

@@ -128,3 +128,31 @@ def poison_allocator(*shapes_dtypes, device="cuda") -> None:
     blocks = [torch.full(shape, float("nan"), dtype=dtype, device=device)
               for shape, dtype in shapes_dtypes]
     del blocks
+
+
+def on_family(path_or_text, family: str):
+    """The spec compiled for one kernel family only (the lowering's refusal if it cannot run
+    it): how the GPU suite runs a spec on every family that takes it, not just the preferred."""
+    from .frontend import check_spec
+    from .kernel import Kernel
+
+    return Kernel(check_spec(path_or_text), family)
+
+
+def families_of(path_or_text) -> list[str]:
+    """The families that accept the spec on its target, most preferred first."""
+    from . import families
+    from .frontend import check_spec
+    from .layout import layout
+    from .target import TARGETS
+
+    spec = check_spec(path_or_text)
+    target = TARGETS[spec.schedule.target]
+    names = []
+    for fam in families.for_target(spec.schedule.target):
+        try:
+            fam.lower(spec, layout(spec), target)
+        except families.Refusal:
+            continue
+        names.append(fam.name)
+    return names

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests ab sanitize initcheck host bench)
+# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests ab sanitize initcheck host bench peers)
 # Run from the repo root on the GPU machine with `.whl` (lark) carried, `.attncc_cache` if the
 # libraries were prebuilt here (C-ABI libraries do not depend on the Python version), and for
 # `ab` the `.ab` folder that bench/ab_build.py filled (old_*.so and new_*.so).
@@ -48,6 +48,13 @@ for stage in "$@"; do
     python3 -m attncc.cli bench examples/gla2.attn --heads 128 --sq 2 --seqlen 8192 --page 64,1 2>&1 | tail -3
     python3 -m attncc.cli bench examples/gqa8.attn --heads 32 --sq 1 --seqlen 8192 --page 16 2>&1 | tail -2
     python3 bench/host_profile.py examples/mla.attn --batch 1 --seqlen 32768 2>&1 | tail -7 ;;
+  peers)
+    # `../shared/tools/peers-prepare` put FlashMLA's source and sidebyside.py into .peers/ (carry it):
+    # attncc and FlashMLA on identical inputs, one reference, CUDA-graph replay (SBS_ARGS: --only ...)
+    echo "== side by side with FlashMLA (.peers/sidebyside.py --graph)"
+    [ -d /tmp/peers/FlashMLA ] || MAX_JOBS=${MAX_JOBS:-14} bash .peers/build-flashmla.sh 2>&1 | tail -2
+    PYTHONPATH=$PYTHONPATH:/tmp/peers/FlashMLA timeout ${SBS_TIMEOUT:-300} python3 .peers/sidebyside.py --graph \
+      --systems attncc,flashmla --json "$OUT/sidebyside.json" ${SBS_ARGS:-} 2>&1 | tee "$OUT/sidebyside.log" | tail -40 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -50,6 +50,10 @@ EXTRA = {
     "mla_page5": mla(page=5, heads=32),
     "mla_page16": mla(page=16, heads=64),
     "mla_page64_h16": mla(page=64, heads=16, sq=1, causal=False),
+    # the Hopper family's grid: groups of >= 64 query heads at pages 1, 5, 16 (above), 64
+    "mla_page1_h128": mla(page=1, heads=128),
+    "mla_page5_h64": mla(page=5, heads=64),
+    "mla_page64_h64": mla(page=64, heads=64, sq=1, causal=False),
     "mla_fp8_per64": """attention mla_fp8_per64 {
     heads q = 32, kv = 1
     cache paged(64) {

@@ -66,10 +66,15 @@ attention separate_small {
 """
 
 
-def compile_quiet(source):
-    """attncc.compile without the `seesaw`/`crossover` "not yet applied" warnings."""
+def compile_quiet(source, family=None):
+    """attncc.compile without the `crossover` "not yet applied" warning (`family`: on that
+    kernel family only, attncc.testing.on_family)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
+        if family:
+            from attncc import testing
+
+            return testing.on_family(source, family)
         return attncc.compile(source)
 
 

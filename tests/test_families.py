@@ -136,7 +136,7 @@ def test_config_is_frozen_hashed_and_every_field_is_rendered(name):
 
 
 def test_explain_shows_the_family_its_choices_and_the_launch():
-    k = compile_quiet(REPO / "examples" / "mla.attn")
+    k = compile_quiet(REPO / "examples" / "mla.attn", family="mma_sync")
     text = k.explain(batch=128, seqlen=8192, s_q=2)
     cfg = k.plan.config
     assert f"family {k.plan.family}" in text

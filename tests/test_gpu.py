@@ -19,6 +19,14 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 SPECS = all_specs()
+# (spec, family) pairs besides each spec's preferred family: name -> family
+ALSO = {name: fam for name, text in SPECS.items() for fam in testing.families_of(text)[1:]}
+NAMES = list(SPECS) + [f"{name}@{fam}" for name, fam in ALSO.items()]
+
+
+def with_families(names):
+    """The named specs, each also on its other families."""
+    return names + [f"{n}@{ALSO[n]}" for n in names if n in ALSO]
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +35,11 @@ def kernels():
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # seesaw/crossover not yet applied
+        warnings.simplefilter("ignore")  # crossover not yet applied
         compiled = {name: attncc.compile(text) for name, text in SPECS.items()}
+        # every other family that takes a spec runs it too, as name@family
+        compiled.update({f"{name}@{fam}": testing.on_family(SPECS[name], fam)
+                         for name, fam in ALSO.items()})
     with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(lambda k: k.build(), compiled.values()))
     return compiled
@@ -51,7 +62,7 @@ def _run(k, case, scale=None, metadata=None, **kwargs):
 
 
 @pytest.mark.parametrize("batch", [1, 3, 33])
-@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("name", NAMES)
 def test_matches_reference(kernels, name, batch):
     k = kernels[name]
     rng = random.Random(f"{name}-{batch}")
@@ -64,7 +75,7 @@ def test_matches_reference(kernels, name, batch):
         assert result.ok, f"{name} batch={batch} s_q={s_q} lengths={lengths}: {result}"
 
 
-@pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64"]))
 @pytest.mark.parametrize("splits", [1, 2, 7])
 def test_forced_split_counts(kernels, name, splits):
     k = kernels[name]
@@ -87,7 +98,7 @@ def _check_on_parts(k, lengths, parts, seed):
         assert result.ok, f"{k.name} parts={parts} batch={len(lengths)} s_q={s_q}: {result}"
 
 
-@pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64"]))
 @pytest.mark.parametrize("parts", [1, 2, 5, 64])
 def test_forced_part_counts(kernels, name, parts):
     """Balanced parts (schedule.cuh) on a ragged batch with empty sequences: sequences
@@ -96,7 +107,7 @@ def test_forced_part_counts(kernels, name, parts):
     _check_on_parts(k, [0, 1500, 0, 77, 1, 0, 3 * k.spec.page_size + 1, 0], parts, seed=parts)
 
 
-@pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate"])
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64"]))
 @pytest.mark.parametrize("batch", [16, 31, 32])
 def test_uniform_batch_on_33_parts(kernels, name, batch):
     """Equal sequences on the H200's 33 parts (MLA h_q 128): a cut inside most sequences,
@@ -105,7 +116,7 @@ def test_uniform_batch_on_33_parts(kernels, name, batch):
     _check_on_parts(k, [5 * k.spec.page_size + 3] * batch, 33, seed=batch)
 
 
-@pytest.mark.parametrize("name", ["mla", "gla2", "gqa8", "mla_fp8_sparse", "sparse_bf16_h128"])
+@pytest.mark.parametrize("name", with_families(["mla", "gla2", "gqa8", "mla_fp8_sparse", "sparse_bf16_h128"]))
 def test_sharp_softmax(kernels, name):
     """A large scale: row maxima keep jumping by more than the lazy-rescale slack (2^8), so O
     is rescaled often, not only in the first tiles."""
@@ -127,7 +138,7 @@ def test_scale_override_and_metadata(kernels):
     assert result.ok, str(result)
 
 
-@pytest.mark.parametrize("name", ["mla", "gqa8", "mla_fp8_sparse", "mla_page1"])
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "mla_fp8_sparse", "mla_page1"]))
 def test_deterministic(kernels, name):
     k = kernels[name]
     case = testing.random_case(k.spec, [2000, 333, 64], k.spec.max_query_len, seed=11)
@@ -136,7 +147,7 @@ def test_deterministic(kernels, name):
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
-@pytest.mark.parametrize("name", ["mla", "mla_fp8_sparse"])
+@pytest.mark.parametrize("name", with_families(["mla", "mla_fp8_sparse"]))
 def test_cuda_graph_replay_with_new_inputs(kernels, name):
     k = kernels[name]
     s_q = k.spec.max_query_len
@@ -213,7 +224,7 @@ def test_out_and_lse_in_place_on_cuda(kernels):
     assert testing.compare(k.spec, case, *split).ok
 
 
-@pytest.mark.parametrize("name", ["mla", "mla_fp8_sparse", "gqa8_separate"])
+@pytest.mark.parametrize("name", with_families(["mla", "mla_fp8_sparse", "gqa8_separate"]))
 def test_write_cache_on_cuda_skips_minus_one_without_a_sync(kernels, name):
     k = kernels[name]
     spec = k.spec
@@ -314,7 +325,7 @@ def test_a_cache_view_the_kernels_cannot_read_is_refused_by_name(kernels):
         k(case.q, odd[..., :case.cache.shape[2]], case.block_table, case.seqlens)
 
 
-@pytest.mark.parametrize("name", ["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1"])
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1"]))
 def test_the_compiled_launcher_runs_eager_calls_as_the_python_path_does(kernels, name):
     """Eager CUDA calls go through the compiled launcher (csrc/launcher.cpp); it must be there on
     the device, and give, bitwise, what the Python path (ops.cuda_forward) gives for the same
@@ -359,7 +370,7 @@ def test_an_eager_call_does_not_sync(kernels):
     k.check()
 
 
-@pytest.mark.parametrize("name", ["mla", "gqa8_separate", "mla_page1"])
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8_separate", "mla_page1", "mla_page1_h128"]))
 def test_a_bad_page_is_never_read_and_is_flagged(kernels, name):
     """Its tokens count as absent: the result is the reference's with the sequence ending
     where the bad page starts (its last page), and k.check() names block_table."""
@@ -421,7 +432,7 @@ def test_attncc_check_raises_before_the_launch(kernels, monkeypatch):
     k.check()  # nothing launched, nothing flagged
 
 
-@pytest.mark.parametrize("name", ["gqa8", "mla_page64_h16"])
+@pytest.mark.parametrize("name", with_families(["gqa8", "mla_page64_h16"]))
 def test_plan_metadata_of_a_split_plan_without_a_sync(kernels, name):
     """k.plan reads no length: balanced parts without max_seqlen, splits with it; both right."""
     k = kernels[name]

@@ -111,8 +111,31 @@ def assert_raw_row(plan: Plan) -> None:
     assert plan.layout.raw_pitch == at
 
 
+def assert_hopper_legal(plan: Plan) -> None:
+    """Every constraint the Hopper kernel states (hopper/traits.cuh's static_asserts)."""
+    cfg, lay = plan.config, plan.layout
+    assert plan.elem == "bf16" and not plan.sparse and not lay.fp8
+    assert (cfg.tile_m, cfg.tile_n, cfg.stages, cfg.threads) == (64, 64, 2, 384) and cfg.seesaw
+    assert plan.d_k == 64 * cfg.boxes and plan.d_v == 64 * cfg.value_boxes == 128 * cfg.half_boxes
+    assert lay.key_runs == ((0, plan.d_k),) and lay.value_runs == ((0, plan.d_v),)
+    assert cfg.value_boxes <= cfg.p_box < cfg.boxes and plan.group >= 64
+    for s in lay.sources:
+        assert s.smem_col % 64 == 0 and s.width % 64 == 0
+    assert cfg.box_bytes == 64 * 128 and cfg.kv_tile_bytes == cfg.boxes * cfg.box_bytes
+    assert cfg.q_off % 1024 == 0 and cfg.kv_off == cfg.q_off + cfg.boxes * cfg.box_bytes
+    assert cfg.bar_off == cfg.kv_off + 2 * cfg.kv_tile_bytes
+    assert cfg.flags_off == cfg.bar_off + 8 * (2 * cfg.boxes + 6) and cfg.flags_pitch >= 80
+    assert cfg.rows_off >= cfg.flags_off + 2 * cfg.flags_pitch and cfg.rows_off % 16 == 0
+    assert cfg.work_off >= cfg.rows_off + 5 * 64 * 4 and cfg.smem_bytes <= TARGETS[plan.target].smem_per_block
+    assert 256 * cfg.consumer_registers + 128 * cfg.producer_registers <= 65536
+    assert len({cfg.consumer_barrier, cfg.producer_barrier, cfg.max_a_barrier, cfg.p_b_barrier,
+                cfg.p_a_barrier}) == 5 and cfg.barriers <= 16
+
+
 def assert_legal(plan: Plan) -> None:
-    """Every constraint the mma.sync kernel states (traits.cuh's static_asserts)."""
+    """Every constraint the plan's kernel states (its traits.cuh's static_asserts)."""
+    if plan.family == "hopper":
+        return assert_hopper_legal(plan)
     cfg, lay = plan.config, plan.layout
     assert plan.family == "mma_sync"
     assert plan.elem in ("bf16", "fp16")
@@ -562,7 +585,7 @@ def test_small_value_width_gets_a_legal_tile():
 
 # --- seesaw / crossover ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name, knob", [("mla", "seesaw"), ("mla_fp8_sparse", "crossover")])
+@pytest.mark.parametrize("name, knob", [("mla_fp8_sparse", "crossover")])
 def test_hopper_knobs_warn_not_yet_applied(name, knob):
     with pytest.warns(UserWarning, match="not yet applied") as record:
         k = attncc.compile(REPO / "examples" / f"{name}.attn")
@@ -573,6 +596,76 @@ def test_hopper_knobs_warn_not_yet_applied(name, knob):
     assert k.plan.not_applied == (knob,)
     lines = [line for line in k.explain().splitlines() if "not yet applied" in line]
     assert len(lines) == 1 and f"`{knob}`" in lines[0]
+
+
+def test_seesaw_is_applied_by_the_hopper_family_and_explained():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not yet applied"
+        k = attncc.compile(REPO / "examples" / "mla.attn")
+    assert k.plan.family == "hopper" and k.plan.not_applied == () and k.plan.config.seesaw
+    text = k.explain()
+    assert re.search(r"family hopper \(sm_90a warp-specialized wgmma, seesaw schedule\)", text)
+    assert re.search(r"^\s+seesaw\s+True\s+`seesaw`", text, re.M)
+
+
+def test_the_hopper_family_picks_the_seesaw_without_the_knob_and_says_so():
+    k = attncc.compile(spec_text_mla(heads=64))
+    assert k.plan.family == "hopper" and k.plan.config.seesaw
+    assert re.search(r"^\s+seesaw\s+True\s+chosen: a 512-wide value splits", k.explain(), re.M)
+
+
+@pytest.mark.parametrize("change, knob, reason", [
+    ("heads q = 16, kv = 1", None, "memory-bound"),
+    ("heads q = 128, kv = 1\n    query len <= 1", None, None),
+])
+def test_the_hopper_family_refuses_what_it_does_not_run(change, knob, reason):
+    k = attncc.compile(spec_text_mla(heads_line=change))
+    if reason is None:
+        assert k.plan.family == "hopper"
+        return
+    assert k.plan.family == "mma_sync"
+    refused = dict(k.plan.refused)
+    assert reason in refused["hopper"], refused
+
+
+def test_the_hopper_family_refusals_name_the_knob_and_the_limit():
+    text = spec_text_mla(heads=128) + "\nschedule mla_h {\n    tile q = 32, kv = 64\n}\n"
+    k = attncc.compile(text)  # mma_sync takes the tile the seesaw cannot
+    assert k.plan.family == "mma_sync"
+    assert "`tile q = 32, kv = 64`: the seesaw runs 64 x 64" in dict(k.plan.refused)["hopper"]
+    for spec, words in ((spec_text_mla(heads=128, elem="fp16"), "runs bf16 records"),
+                        (REPO / "examples" / "gla2.attn", "512-wide value"),
+                        (FP8_DENSE_H128, "fp8 records"),
+                        (REPO / "examples" / "mla_fp8_sparse.attn", "does not apply `crossover`")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            k = attncc.compile(spec)
+        assert k.plan.family == "mma_sync" and words in dict(k.plan.refused)["hopper"]
+
+
+FP8_DENSE_H128 = """attention fp8_h128 {
+    heads q = 128, kv = 1
+    cache paged(64) {
+        latent: e4m3[512] scale fp32 per 128
+        rope:   bf16[64]
+    }
+    key   = latent ++ rope
+    value = latent
+}
+"""
+
+
+def spec_text_mla(heads=128, heads_line=None, elem="bf16"):
+    return f"""attention mla_h {{
+    {heads_line or f"heads q = {heads}, kv = 1"}
+    cache paged(64) {{
+        latent: {elem}[512]
+        rope:   {elem}[64]
+    }}
+    key   = latent ++ rope
+    value = latent
+}}
+"""
 
 
 def test_no_warning_without_hopper_knobs():

@@ -7,9 +7,10 @@ FAMILIES below, in the place of its preference."""
 from __future__ import annotations
 
 from .base import COMMON_KNOBS, Family, KernelConfig, Refusal
+from .hopper import HopperConfig, HopperFamily
 from .mma_sync import MmaSyncConfig, MmaSyncFamily
 
-FAMILIES: tuple[Family, ...] = (MmaSyncFamily(),)
+FAMILIES: tuple[Family, ...] = (HopperFamily(), MmaSyncFamily())
 
 
 def for_target(target: str) -> tuple[Family, ...]:
@@ -21,5 +22,5 @@ def by_name(name: str) -> Family:
     return next(f for f in FAMILIES if f.name == name)
 
 
-__all__ = ["COMMON_KNOBS", "FAMILIES", "Family", "KernelConfig", "MmaSyncConfig",
+__all__ = ["COMMON_KNOBS", "FAMILIES", "Family", "HopperConfig", "HopperFamily", "KernelConfig", "MmaSyncConfig",
            "MmaSyncFamily", "Refusal", "by_name", "for_target"]

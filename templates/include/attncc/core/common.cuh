@@ -114,6 +114,7 @@ struct Elem16<Dtype::kBF16> {
     return *reinterpret_cast<uint32_t*>(&v);
   }
   static __device__ __forceinline__ T from_float(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ float2 unpack(uint32_t v) { return __bfloat1622float2(*reinterpret_cast<const T2*>(&v)); }
 };
 
 template <>
@@ -125,6 +126,7 @@ struct Elem16<Dtype::kFP16> {
     return *reinterpret_cast<uint32_t*>(&v);
   }
   static __device__ __forceinline__ T from_float(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ float2 unpack(uint32_t v) { return __half22float2(*reinterpret_cast<const T2*>(&v)); }
 };
 
 }  // namespace attncc

@@ -1,0 +1,169 @@
+"""The Hopper family (sm_90a): warp-specialized wgmma with the seesaw schedule
+(templates/include/attncc/hopper/). Its kernel, per CTA of 64 query rows of one kv head:
+
+    producer warp group (setmaxnreg down): per KV tile, its tokens' slots (page table) and
+        validity, then cp.async of the staged record into 64-column 128B-swizzled boxes, one
+        mbarrier per box (FULL), so that S = Q K^T starts on the first box while the others land
+    consumer warp groups 0 and 1 (setmaxnreg up), tiles in pairs (a in stage 0, b in stage 1):
+        WG0: S_a = Q K_a^T; max -> m_a; P_a; O_L = O_L c_a + P_a V_a[:, :256]     (wgmma SS, RS)
+        WG1: S_b = Q K_b^T; max with m_a -> m_b; P_b -> shared; O_R = O_R c_a c_b + P_b V_b[:, 256:]
+        WG0: P_a c_b -> shared; O_L = O_L c_b + P_b V_b[:, :256]                   (wgmma SS)
+        WG1: O_R += P_a V_a[:, 256:]                                                (wgmma SS)
+
+so each warp group owns half of the 512-wide output (64 x 256 fp32: 128 registers a thread),
+no product is computed twice and one group's softmax overlaps the other's products. A stage is
+released in two halves (EMPTY early/late), as soon as its last reader of those boxes is done,
+and the second tile of a pair is read in the order its early boxes come free. P of each tile
+goes to the first key-only box of its own stage (the rope columns, read only by S = Q K^T).
+
+This module makes every choice of that kernel and says why; the C++ only static_asserts them.
+What it does not (yet) run it refuses, and the lowering falls back to mma_sync."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Spec
+from ..layout import Layout
+from ..target import Target
+from .base import Family, KernelConfig, Refusal
+
+BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
+TILE_M = 64            # query rows of a CTA: one wgmma M per consumer warp group
+TILE_N = 64            # tokens of a KV tile (a P tile is then one box)
+STAGES = 2             # the seesaw's two tiles in flight
+HALF_COLS = 256        # output columns per consumer warp group (wgmma N 256)
+GROUP_THREADS = 128    # a warp group
+CONSUMER_REGISTERS = 216  # setmaxnreg: 2 x 128 x 216 + 128 x 72 <= 65,536
+PRODUCER_REGISTERS = 72
+WORK_BYTES = 256       # the consumers' CtaWork (9 ints), then each role's part walk (12 ints)
+BARRIER_BYTES = 8      # an mbarrier
+
+
+@dataclass(frozen=True, kw_only=True)
+class HopperConfig(KernelConfig):
+    seesaw: bool              # two consumer warp groups split the output's columns
+    consumer_registers: int   # setmaxnreg of the consumer warp groups ...
+    producer_registers: int   # ... and of the producer
+    boxes: int                # 64-column boxes of a staged token row (= of a Q row)
+    value_boxes: int          # ... of them the value's (the first)
+    half_boxes: int           # ... per consumer warp group's half of the output
+    p_box: int                # the key-only box of a stage that holds that tile's P
+    box_bytes: int            # one box of a tile: tile_n (= tile_m) rows x 128 bytes
+    kv_tile_bytes: int
+    q_off: int                # shared-memory regions, bytes from the base (1024-aligned tiles)
+    kv_off: int
+    bar_off: int              # mbarriers: FULL[stage][box], EMPTY early/late[stage], FLAGS[stage]
+    flags_off: int            # per stage: tile_n bytes (token without a slot), then 4 words (any)
+    flags_pitch: int
+    rows_off: int             # row state: m, c_a, c_b, l of each warp group (floats per row)
+    work_off: int             # the consumers' CtaWork, then the part walks
+    walk_c_off: int
+    walk_p_off: int
+    consumer_barrier: int     # named barriers: both consumer warp groups
+    producer_barrier: int     # ... the producer warp group
+    max_a_barrier: int        # ... WG0's row max and c_a are in shared memory
+    p_b_barrier: int          # ... WG1's P_b, c_b and m_b are
+    p_a_barrier: int          # ... WG0's P_a (scaled by c_b) is
+    barriers: int
+
+
+class HopperFamily(Family):
+    name = "hopper"
+    summary = "sm_90a warp-specialized wgmma, seesaw schedule"
+    targets = ("sm90a",)
+    honours = frozenset({"tile", "stages", "seesaw"})
+    tolerates = frozenset()
+    template = "hopper/decode.cu.j2"
+    limits = ("value 512 wide (the seesaw's two halves of 256), key = value ++ more, on "
+              "64-column boxes", "bf16, dense (block table), 16-bit runs",
+              f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",
+              f"tile q = {TILE_M}, kv = {TILE_N}, {STAGES} stages")
+
+    def _check(self, spec: Spec, layout: Layout) -> None:
+        sched = spec.schedule
+        if spec.elem.name != "bf16":
+            raise Refusal(f"runs bf16 records; this one is {spec.elem.name}", spec.span_of("cache"))
+        if layout.fp8:
+            raise Refusal("fp8 records are dequantized by the mma_sync family (Hopper fp8 "
+                          "comes later)", spec.span_of("cache"))
+        if spec.sparse:
+            raise Refusal("sparse top-k runs on the mma_sync family (Hopper sparse comes "
+                          "later)", spec.span_of("tokens"))
+        if spec.d_v != 2 * HALF_COLS:
+            raise Refusal(f"the seesaw splits a 512-wide value in two halves of {HALF_COLS}; "
+                          f"this value is {spec.d_v} wide", spec.span_of("value"))
+        if tuple(layout.value_runs) != ((0, spec.d_v),) or tuple(layout.key_runs) != ((0, spec.d_k),):
+            raise Refusal("needs the value to be the first staged columns and the key all of "
+                          "them (key = value ++ more)", spec.span_of("key"))
+        if spec.d_k % BOX_COLS or spec.d_k <= spec.d_v:
+            raise Refusal(f"needs a key of whole {BOX_COLS}-column boxes wider than the value "
+                          f"(P goes in a key-only box); it is {spec.d_k}", spec.span_of("key"))
+        for src in layout.sources:
+            if src.smem_col % BOX_COLS or src.width % BOX_COLS:
+                raise Refusal(f"segment `{src.segment}`: every piece of the staged row must "
+                              f"fill whole {BOX_COLS}-column boxes", spec.segment(src.segment).span)
+            if src.offset_bytes % 16 or src.head_stride_bytes % 16:
+                raise Refusal(f"segment `{src.segment}` starts at byte {src.offset_bytes} "
+                              f"(head stride {src.head_stride_bytes}): needs 16-byte alignment",
+                              spec.segment(src.segment).span)
+        for t in layout.tensors:
+            if t.token_stride_bytes % 16:
+                raise Refusal(f"cache tensor `{t.name}`: {t.token_stride_bytes} bytes per token, "
+                              "not a multiple of 16", spec.span_of("cache"))
+        if spec.group < TILE_M:
+            raise Refusal(f"a group of {spec.group} query heads would fill {spec.group} of the "
+                          f"{TILE_M} rows of a wgmma tile at s_q 1: memory-bound, the mma_sync "
+                          "family's narrower tiles stream it as fast", spec.span_of("heads"))
+        if sched.tile_q is not None and (sched.tile_q, sched.tile_kv) != (TILE_M, TILE_N):
+            raise Refusal(f"`tile q = {sched.tile_q}, kv = {sched.tile_kv}`: the seesaw runs "
+                          f"{TILE_M} x {TILE_N}", sched.span_of("tile"), "tile")
+        if sched.stages is not None and sched.stages != STAGES:
+            raise Refusal(f"`stages {sched.stages}`: the seesaw keeps its pair of tiles, "
+                          f"{STAGES} stages", sched.span_of("stages"), "stages")
+
+    def lower(self, spec: Spec, layout: Layout, target: Target) -> HopperConfig:
+        if not target.wgmma:
+            raise Refusal(f"needs wgmma; {target.name} has none", spec.schedule.span_of("target"))
+        self._check(spec, layout)
+        sched = spec.schedule
+        boxes = spec.d_k // BOX_COLS
+        box_bytes = TILE_N * BOX_COLS * 2
+        kv_tile = boxes * box_bytes
+        q_off = 0
+        kv_off = q_off + boxes * TILE_M * BOX_COLS * 2
+        bar_off = kv_off + STAGES * kv_tile
+        n_bars = STAGES * boxes + 3 * STAGES
+        flags_off = bar_off + n_bars * BARRIER_BYTES
+        flags_pitch = TILE_N + 16
+        rows_off = flags_off + STAGES * flags_pitch
+        work_off = rows_off + 5 * TILE_M * 4
+        smem = work_off + WORK_BYTES
+        if smem > target.smem_per_block:
+            raise Refusal(f"{smem} B of shared memory > {target.smem_per_block}", spec.span_of("key"))
+        threads = 3 * GROUP_THREADS
+        why = (
+            ("tile_m", f"one wgmma M ({TILE_M} rows) per consumer warp group"),
+            ("tile_n", "`tile kv`" if sched.tile_kv else f"{TILE_N} tokens: a P tile is one box"),
+            ("stages", "`stages`" if sched.stages else "the seesaw's pair of tiles"),
+            ("threads", "a producer warp group and two consumer warp groups"),
+            ("seesaw", "`seesaw`" if sched.seesaw else
+             f"chosen: a {spec.d_v}-wide value splits into two {HALF_COLS}-column halves, one "
+             "per consumer warp group"),
+            ("registers", "launch bounds (384 threads, 1 CTA): 168, then setmaxnreg"),
+            ("consumer_registers", "O half (128) + S (32) + P (16) and the rest: no spills (ptxas)"),
+            ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled"),
+            ("compute_bound", "a 64-row tile reads each token once for 64 rows"),
+            ("smem_bytes", f"Q + {STAGES} stages of {boxes} boxes + barriers <= "
+             f"{target.smem_per_block} B"),
+        )
+        return HopperConfig(
+            tile_m=TILE_M, tile_n=TILE_N, stages=STAGES, threads=threads, smem_bytes=smem,
+            registers=168, compute_bound=True, seesaw=True,
+            consumer_registers=CONSUMER_REGISTERS, producer_registers=PRODUCER_REGISTERS,
+            boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=HALF_COLS // BOX_COLS,
+            p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, kv_tile_bytes=kv_tile,
+            q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
+            flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,
+            walk_c_off=work_off + 64, walk_p_off=work_off + 128,
+            consumer_barrier=1, producer_barrier=2, max_a_barrier=3, p_b_barrier=4,
+            p_a_barrier=5, barriers=6, why=why)

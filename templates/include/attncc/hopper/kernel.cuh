@@ -1,0 +1,210 @@
+// attncc/hopper/kernel.cuh: the Hopper family's split-KV decode kernels (sm_90a).
+//
+// A CTA of three warp groups takes 64 rows of one kv head (core/work.cuh: CtaWork) for one
+// range of one sequence's KV tiles (split mode) or each piece in turn of a balanced part (part
+// mode, core/schedule.cuh):
+//   warp group 2, the producer (produce.cuh; setmaxnreg down to kProducerRegisters): slots and
+//     cp.async copies of each tile into its stage, box by box, two tiles (a pair) at a time;
+//   warp groups 0 and 1, the consumers (seesaw.cuh; setmaxnreg up): Q into shared memory, the
+//     seesaw over the pairs, the epilogue.
+// The roles walk the same pieces independently, the producer up to two tiles ahead; their only
+// contact is the barriers of the stages (FULL per box, FLAGS, EMPTY early/late), whose phases
+// both count per stage across pieces (uses[s]).
+//
+// A stage's release, per tile: early boxes (the first kHalf of its order) when the warp group
+// that reads them last (WG0 for stage 0, WG1 for stage 1) has finished its RS product, the rest
+// when the other group's SS product is done. The producer copies, per pair: stage 0 early,
+// stage 1 early, stage 0 late, stage 1 late, each after its EMPTY wait.
+//
+// Runtime conditions as the mma_sync family's (host-checked in launch.cuh); registers: 168 a
+// thread at launch (384 threads, 1 CTA an SM), then kConsumerRegisters / kProducerRegisters.
+#pragma once
+
+#include "attncc/abi.h"
+#include "attncc/core/common.cuh"
+#include "attncc/core/paging.cuh"
+#include "attncc/core/ptx.cuh"
+#include "attncc/core/work.cuh"
+#include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/produce.cuh"
+#include "attncc/hopper/seesaw.cuh"
+#include "attncc/hopper/traits.cuh"
+
+namespace attncc {
+namespace hopper {
+
+// The warp group of this thread, as a value the compiler knows is the same across the warp
+// (wgmma under a branch it cannot prove warp-uniform is serialized: ptxas C7520).
+__device__ __forceinline__ int warp_group() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kGroupThreads, 0); }
+
+// The KV tiles a CTA reads of its range: the causal cut by its last row.
+template <class Cfg>
+struct PieceTiles {
+  int kv_len, cta_limit, n_iter;
+  __device__ __forceinline__ PieceTiles(const AttnccArgs& a, const CtaWork<Cfg>& w, bool& bad_len) {
+    kv_len = CtaWork<Cfg>::kv_len(a, w.b, bad_len);
+    const int last_row = min(w.rows_total, (w.mb + 1) * Cfg::kTileM) - 1;
+    cta_limit = w.token_limit(w.row_token(last_row), kv_len, a.s_q);
+    const int tile_end = min(w.tile_end, ceil_div(cta_limit, Cfg::kTileN));
+    n_iter = max(tile_end - w.tile_begin, 0);
+  }
+};
+
+// The producer's part of a piece.
+template <class Cfg>
+__device__ __forceinline__ void produce(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, unsigned char* smem, int p,
+                                        int (&uses)[2]) {
+  using T = SeesawTraits<Cfg>;
+  bool bad;
+  const PieceTiles<Cfg> pt(a, w, bad);
+  SlotSource ss;
+  ss.row = a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
+  ss.limit = pt.cta_limit;
+  // A group's tokens are loaded before its EMPTY wait (the page-table reads in flight while it
+  // waits) and again for the late group: one TileTokens live at a time fits the producer's
+  // registers, and the second read of a tile's page numbers hits L1.
+  for (int it = 0; it < pt.n_iter; it += 2) {
+    const bool has_b = it + 1 < pt.n_iter;
+    const int pa = (uses[0] & 1) ^ 1, pb = (uses[1] & 1) ^ 1;  // the previous use's release
+    {
+      TileTokens<Cfg> tt;
+      tt.load(a, ss, w.tile_begin + it, p);
+      mbarrier_wait(T::empty_early(sbase, 0), pa);
+      tt.write_flags(smem + Cfg::kFlagsOff, p);
+      mbarrier_arrive(T::flags_bar(sbase, 0));
+      copy_boxes<Cfg, 0, 0, T::kHalf>(a, tt, sbase, w.head, p);
+    }
+    if (has_b) {
+      TileTokens<Cfg> tt;
+      tt.load(a, ss, w.tile_begin + it + 1, p);
+      mbarrier_wait(T::empty_early(sbase, 1), pb);
+      tt.write_flags(smem + Cfg::kFlagsOff + Cfg::kFlagsPitch, p);
+      mbarrier_arrive(T::flags_bar(sbase, 1));
+      copy_boxes<Cfg, 1, 0, T::kHalf>(a, tt, sbase, w.head, p);
+    }
+    {
+      TileTokens<Cfg> tt;
+      tt.load(a, ss, w.tile_begin + it, p);
+      mbarrier_wait(T::empty_late(sbase, 0), pa);
+      copy_boxes<Cfg, 0, T::kHalf, T::kBoxes>(a, tt, sbase, w.head, p);
+    }
+    if (has_b) {
+      TileTokens<Cfg> tt;
+      tt.load(a, ss, w.tile_begin + it + 1, p);
+      mbarrier_wait(T::empty_late(sbase, 1), pb);
+      copy_boxes<Cfg, 1, T::kHalf, T::kBoxes>(a, tt, sbase, w.head, p);
+    }
+    ++uses[0];
+    if (has_b) ++uses[1];
+  }
+}
+
+// The consumers' part of a piece: Q, then the seesaw (seesaw.cuh).
+template <class Cfg>
+__device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, unsigned char* smem, int ct,
+                                              int (&uses)[2]) {
+  bool bad_len;
+  const PieceTiles<Cfg> pt(a, w, bad_len);
+  if (bad_len && ct == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SEQLEN);
+  if (ct == 0) stash(smem + Cfg::kWorkOff, w);
+  // Q rows -> boxes of the Q tile (zero past the CTA's rows)
+  const char* q_any = static_cast<const char*>(a.q);
+  constexpr int kChunks = Cfg::kBoxes * 8;  // 16-byte chunks of a Q row
+  for (int i = ct; i < Cfg::kTileM * kChunks; i += 2 * kGroupThreads) {
+    const int r = i / kChunks, ch = i % kChunks;
+    const int R = w.mb * Cfg::kTileM + r;
+    const char* src = q_any;
+    if (R < w.rows_total) {
+      const long long row = (static_cast<long long>(w.b) * a.s_q + w.row_token(R)) * Cfg::kHeadsQ + w.head * Cfg::kGroup + w.row_head(R);
+      src = q_any + row * Cfg::kDK * 2 + ch * 16;
+    }
+    cp_async_16(sbase + Cfg::kQOff + (ch / 8) * Cfg::kBoxBytes + sw128(r, ch % 8), src, R < w.rows_total);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_async_shared();
+  bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // Q and the work stash visible
+  consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, uses);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void init_barriers(uint32_t sbase) {
+  using T = SeesawTraits<Cfg>;
+  for (int s = 0; s < T::kStages; ++s) {
+    for (int b = 0; b < T::kBoxes; ++b) mbarrier_init(T::full(sbase, s, b), kGroupThreads);
+    mbarrier_init(T::empty_early(sbase, s), kGroupThreads);
+    mbarrier_init(T::empty_late(sbase, s), kGroupThreads);
+    mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
+  }
+  fence_mbarrier_init();
+}
+
+// Split mode: one piece, the CTA's split.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_constant__ AttnccArgs args) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t sbase = smem_addr(smem);
+  if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
+  __syncthreads();
+  if (warp_group() == 2) {
+    setmaxnreg_dec<Cfg::kProducerRegisters>();
+    int uses[2] = {0, 0};
+    produce<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, uses);
+    cp_async_commit();
+    cp_async_wait<0>();  // no copy in flight when the producer exits
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegisters>();
+    int uses[2] = {0, 0};
+    consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, uses);
+  }
+}
+
+// Part mode: each role walks the part's pieces (its own copy of the walk in shared memory,
+// advanced by its first thread between the role's barriers). Each role has its own loop: code
+// reachable after a setmaxnreg runs within that budget, so a loop shared by both roles would
+// hold the consumers to the producer's registers.
+template <class Cfg, class F>
+__device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned char* walk, int barrier, int threads, int rt, F&& piece) {
+  using W = CtaWork<Cfg>;
+  for (;;) {
+    const PartWalk pw = unstash_walk(walk);
+    if (!pw.has_piece()) break;
+    piece(W::of_piece(args, fresh_ctaid() % W::lanes(args.s_q), pw.piece(W::seq_tiles(args, pw.seq))));
+    bar_sync(barrier, threads);  // the role is past the piece (and the walk's reads)
+    if (rt == 0) {
+      PartWalk next = unstash_walk(walk);
+      next.next(W::seq_tiles(args, next.seq));
+      stash(walk, next);
+    }
+    bar_sync(barrier, threads);
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __grid_constant__ AttnccArgs args) {
+  using W = CtaWork<Cfg>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t sbase = smem_addr(smem);
+  if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
+  if (threadIdx.x < 32) {
+    const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x);
+    if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw);
+  }
+  __syncthreads();
+  int uses[2] = {0, 0};
+  if (warp_group() == 2) {
+    setmaxnreg_dec<Cfg::kProducerRegisters>();
+    const int p = threadIdx.x - 2 * kGroupThreads;
+    walk_pieces<Cfg>(args, smem + Cfg::kWalkPOff, Cfg::kProducerBarrier, kGroupThreads, p,
+                     [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, w, sbase, smem, p, uses); });
+    cp_async_commit();
+    cp_async_wait<0>();
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegisters>();
+    walk_pieces<Cfg>(args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
+                     [&](const CtaWork<Cfg>& w) { consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, uses); });
+  }
+}
+
+}  // namespace hopper
+}  // namespace attncc

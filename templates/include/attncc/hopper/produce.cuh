@@ -1,0 +1,97 @@
+// attncc/hopper/produce.cuh: the producer warp group of the Hopper family: KV tiles from the
+// paged cache into 128B-swizzled boxes of a stage, by cp.async, for any page size.
+//
+// Producer thread p (0..127) copies 16-byte chunk p % 8 of every box for the tokens
+// p / 8 + 16 k, k < tile_n / 16. Its tokens are fixed for the whole tile, so it turns each into
+// a slot (page table, paging.cuh) and a byte offset in every cache tensor once per tile, and a
+// chunk of a box then costs one add and its cp.async (the cooperative page-address computation
+// of the GLA paper, with no exchange: each thread computes only what it copies). A token without
+// a slot (past the CTA's view, a bad page number) is zero-filled and flagged for the consumers.
+//
+// Per stage the producer, for tile i:
+//   writes the tile's flags (a byte per token: no slot; a word per producer warp: any), then
+//   arrives FLAGS[stage] (release: the consumers' wait acquires them);
+//   per box, in the stage's order (traits.cuh): its cp.async, then cp.async.mbarrier.arrive on
+//   FULL[stage][box], which completes when the copies of every producer thread have landed.
+// The consumers fence the boxes to the async proxy (wgmma) after their FULL wait.
+#pragma once
+
+#include "attncc/abi.h"
+#include "attncc/core/copy.cuh"
+#include "attncc/core/paging.cuh"
+#include "attncc/core/ptx.cuh"
+#include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/traits.cuh"
+#include "attncc/hopper/wgmma.cuh"
+
+namespace attncc {
+namespace hopper {
+
+// cp.async of 16 bytes from base + off (zero-filled when !valid), the sum formed in the
+// instruction's own register: the compiler cannot hoist a tile's 64-bit addresses (a box's
+// worth of them) out of the copy sequence into the producer's few registers.
+__device__ __forceinline__ void cp_async_16_at(uint32_t dst, const char* base, long long off, bool valid) {
+  asm volatile(
+      "{\n.reg .u64 a;\nadd.s64 a, %1, %2;\ncp.async.cg.shared.global [%0], [a], 16, %3;\n}\n" ::"r"(dst), "l"(base), "l"(off),
+      "r"(valid ? 16 : 0)
+      : "memory");
+}
+
+template <class Cfg>
+struct TileTokens {
+  static constexpr int kTok = Cfg::kTileN / 16;  // tokens per producer thread
+  long long off[kTok][Cfg::kNumTensors];         // byte offset of the token in each cache tensor
+  bool valid[kTok];
+
+  // The slots of tile `tile` (relative to position 0 of the sequence) for producer thread p.
+  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p) {
+    int raw[kTok];
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + p / 8 + 16 * k);
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) {
+      const int slot = slot_from_raw<Cfg>(a, raw[k], tile * Cfg::kTileN + p / 8 + 16 * k);
+      valid[k] = slot >= 0;
+      static_for<Cfg::kNumTensors>([&](auto ti) { off[k][decltype(ti)::value] = token_offset<Cfg, decltype(ti)::value>(a, max(slot, 0)); });
+    }
+  }
+
+  // The tile's flags in `flags` (tile_n bytes, then a word per producer warp). Whole warps.
+  __device__ __forceinline__ void write_flags(unsigned char* flags, int p) const {
+    bool any = false;
+    if (p % 8 == 0) {
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) {
+        flags[p / 8 + 16 * k] = valid[k] ? 0 : 1;
+        any = any || !valid[k];
+      }
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, any);
+    if (p % 32 == 0) reinterpret_cast<int*>(flags + Cfg::kTileN)[p / 32] = static_cast<int>(ballot);
+  }
+
+  // The cp.async of box `kBox` of this thread's tokens into the stage at `stage_addr`.
+  template <int kBox>
+  __device__ __forceinline__ void copy_box(const AttnccArgs& a, uint32_t stage_addr, int head, int p) const {
+    constexpr int I = box_source<Cfg>(kBox);
+    constexpr Source src = Cfg::kSources[I];
+    const char* base = run_base<Cfg, I>(a, head) + (kBox * kBoxCols - src.smem_col) * 2 + (p % 8) * 16;
+#pragma unroll
+    for (int k = 0; k < kTok; ++k)
+      cp_async_16_at(stage_addr + kBox * Cfg::kBoxBytes + sw128(p / 8 + 16 * k, p % 8), base, off[k][src.tensor], valid[k]);
+  }
+};
+
+// The boxes [kFrom, kTo) of stage kStage's order, each followed by its FULL arrival.
+template <class Cfg, int kStage, int kFrom, int kTo>
+__device__ __forceinline__ void copy_boxes(const AttnccArgs& a, const TileTokens<Cfg>& tt, uint32_t sbase, int head, int p) {
+  using T = SeesawTraits<Cfg>;
+  static_for<kTo - kFrom>([&](auto i) {
+    constexpr int box = T::box_order(kStage, kFrom + decltype(i)::value);
+    tt.template copy_box<box>(a, sbase + Cfg::kKVOff + kStage * Cfg::kKVTileBytes, head, p);
+    cp_async_arrive(T::full(sbase, kStage, box));
+  });
+}
+
+}  // namespace hopper
+}  // namespace attncc

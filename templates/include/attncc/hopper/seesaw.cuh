@@ -1,0 +1,351 @@
+// attncc/hopper/seesaw.cuh: the consumer warp groups of the Hopper family, the seesaw schedule.
+//
+// Two warp groups own the same 64 query rows; WG0 the output's columns [0, 256) (O_L), WG1
+// [256, 512) (O_R), 128 fp32 accumulators a thread. Tiles come in pairs, a (stage 0) and b
+// (stage 1); with c = scale log2(e), m the running row max (shared), c_x = 2^(m_old - m_new):
+//
+//   WG0                                          WG1
+//   S_a = Q K_a^T              (wgmma SS)        S_b = Q K_b^T            (SS, stage 1's order)
+//   m_a = max(m, rowmax S_a c); c_a              .
+//   -> shared (m_a, c_a)              MAX_A ---> m_b = max(m_a, rowmax S_b c); c_b
+//   P_a = 2^(S_a c - m_a); l_L = l_L c_a + sum   P_b = 2^(S_b c - m_b); l_R = l_R c_a c_b + sum
+//   O_L = O_L c_a + P_a V_a[:, L] (RS)           O_R = O_R c_a c_b; P_b, c_b, m_b -> shared
+//   release stage 0's early boxes                                P_B <---
+//   P_a c_b -> shared; O_L, l_L *= c_b; m = m_b  O_R += P_b V_b[:, R]    (RS); release 1 early
+//                                      P_A ---> O_R += P_a V_a[:, R]    (SS); release 0 late
+//   O_L += P_b V_b[:, L]  (SS); release 1 late
+//
+// so both products of each tile are computed once, WG0's softmax overlaps WG1's S_b and WG1's
+// overlaps WG0's P_a V_a. Named barriers MAX_A, P_B, P_A each alternate one arrival and one
+// wait per pair, so none can be arrived at twice before it is waited on. An odd last tile has
+// no b: WG1 skips its products and passes c_b = 1. At the end l = l_L + l_R (shared) and each
+// group writes its half: out = O / l, lse = (m + log2 l) ln 2, or the partials.
+//
+// Scores are masked (-inf) past each row's causal limit and for tokens without a slot (the
+// producer's flags); a fully masked row keeps m = -inf and P = 0. P goes into the key-only box
+// kPBox of its own tile's stage: only S = Q K^T reads those columns, and it is done.
+#pragma once
+
+#include "attncc/abi.h"
+#include "attncc/core/common.cuh"
+#include "attncc/core/ptx.cuh"
+#include "attncc/core/softmax.cuh"
+#include "attncc/core/work.cuh"
+#include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/traits.cuh"
+#include "attncc/hopper/wgmma.cuh"
+
+namespace attncc {
+namespace hopper {
+
+__device__ __forceinline__ int lds8(uint32_t addr) {
+  unsigned v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return static_cast<int>(v);
+}
+
+// A consumer thread's place in the 64 x N accumulator of its warp group: rows r and r + 8,
+// columns 8 i + 2 (t % 4) + {0, 1}.
+struct Frag {
+  int r, q;  // row (0..55), t % 4
+  __device__ __forceinline__ explicit Frag(int t) : r(16 * (t / 32) + (t % 32) / 4), q(t % 4) {}
+};
+
+// S = Q K^T over every box of stage kStage, in its order, each box once FULL says it landed.
+template <class Cfg, int kStage>
+__device__ __forceinline__ void scores(float (&s)[32], uint32_t sbase, int parity) {
+  using T = SeesawTraits<Cfg>;
+  const uint32_t q = sbase + Cfg::kQOff, kv = sbase + Cfg::kKVOff + kStage * Cfg::kKVTileBytes;
+  fence();
+  static_for<T::kBoxes>([&](auto i) {
+    constexpr int box = T::box_order(kStage, decltype(i)::value);
+    mbarrier_wait(T::full(sbase, kStage, box), parity);
+    fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
+#pragma unroll
+    for (int kk = 0; kk < kBoxCols / 16; ++kk)
+      mma_ss<Cfg::kTileN, false>(s, desc_k_major(q, Cfg::kBoxBytes, box * kBoxCols + 16 * kk),
+                                 desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk), decltype(i)::value > 0 || kk > 0);
+  });
+  commit_group();
+  wait_group<0>();
+}
+
+// Masks S (-inf) where a row may not see a token, when the tile needs it (warp-uniform: tiles
+// that reach past the first row's limit, or with a flagged token); returns the row maxima of
+// the raw scores (the quad's 4 threads hold a row).
+template <class Cfg>
+__device__ __forceinline__ void mask_and_max(float (&s)[32], float (&mx)[2], const Frag& f, int pos0, int full_limit,
+                                             const int (&row_limit)[2], uint32_t flags) {
+  const uint4 any = lds128(flags + Cfg::kTileN);
+  if (pos0 + Cfg::kTileN > full_limit || (any.x | any.y | any.z | any.w) != 0) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kTileN / 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = 8 * i + 2 * f.q + (j & 1);
+        if (pos0 + col >= row_limit[j >> 1] || lds8(flags + col) != 0) s[4 * i + j] = -INFINITY;
+      }
+  }
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < Cfg::kTileN / 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mx[j >> 1] = fmaxf(mx[j >> 1], s[4 * i + j]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+}
+
+// P = 2^(S c - m) in place (0 where m is -inf: nothing seen yet), and the thread's row sums.
+template <class Cfg>
+__device__ __forceinline__ void exponentiate(float (&s)[32], const float (&m)[2], float c, float (&sum)[2]) {
+  const float mb[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < Cfg::kTileN / 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[4 * i + j] = fast_exp2(fmaf(s[4 * i + j], c, -mb[j >> 1]));
+      sum[j >> 1] += s[4 * i + j];
+    }
+}
+
+// The scale of a row state moving from max m_old to m_new (1 while nothing is seen).
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
+  return m_new == -INFINITY ? 1.f : fast_exp2(m_old - m_new);
+}
+
+template <int kAcc>
+__device__ __forceinline__ void scale_rows(float (&o)[kAcc], const float (&c)[2]) {
+#pragma unroll
+  for (int i = 0; i < kAcc / 4; ++i) {
+    o[4 * i] *= c[0], o[4 * i + 1] *= c[0];
+    o[4 * i + 2] *= c[1], o[4 * i + 3] *= c[1];
+  }
+}
+
+// P (64 x 64 fp32 accumulator layout) as the A operand of an RS wgmma: k-step kk's registers.
+template <class Cfg>
+__device__ __forceinline__ void pack_p(const float (&p)[32], uint32_t (&a)[Cfg::kTileN / 16][4]) {
+  using E = Elem16<Cfg::kElem>;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[kk][r] = E::pack(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
+}
+
+// P into a box (K-major A operand of an SS wgmma: row r, token column c at sw128(r, c / 8)).
+template <class Cfg>
+__device__ __forceinline__ void store_p(uint32_t box, const float (&p)[32], const Frag& f) {
+  using E = Elem16<Cfg::kElem>;
+#pragma unroll
+  for (int i = 0; i < Cfg::kTileN / 8; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sts32(box + sw128(f.r + 8 * h, i) + 4 * f.q, E::pack(p[4 * i + 2 * h], p[4 * i + 2 * h + 1]));
+}
+
+// P c (per row) into a box as store_p does, from P's RS registers: the fp32 scores need not
+// stay live through the product that reads those registers.
+template <class Cfg>
+__device__ __forceinline__ void store_scaled_p(uint32_t box, const uint32_t (&a)[Cfg::kTileN / 16][4], const float (&c)[2], const Frag& f) {
+  using E = Elem16<Cfg::kElem>;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float2 v = E::unpack(a[kk][r]);
+      sts32(box + sw128(f.r + 8 * (r & 1), 2 * kk + (r >> 1)) + 4 * f.q, E::pack(v.x * c[r & 1], v.y * c[r & 1]));
+    }
+}
+
+// O += P V over one half (box0: its first box) of a stage's value, P from registers.
+template <class Cfg, int kAcc>
+__device__ __forceinline__ void pv_rs(float (&o)[kAcc], const uint32_t (&a)[Cfg::kTileN / 16][4], uint32_t box0) {
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk) mma_rs<2 * kAcc, true>(o, a[kk], desc_n_major(box0, Cfg::kBoxBytes, 16 * kk), 1);
+  commit_group();
+  wait_group<0>();
+}
+
+// O += P V with P from shared memory (box p_box).
+template <class Cfg, int kAcc>
+__device__ __forceinline__ void pv_ss(float (&o)[kAcc], uint32_t p_box, uint32_t box0) {
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
+    mma_ss<2 * kAcc, true>(o, desc_k_major(p_box, Cfg::kBoxBytes, 16 * kk), desc_n_major(box0, Cfg::kBoxBytes, 16 * kk), 1);
+  commit_group();
+  wait_group<0>();
+}
+
+// The shared row state: m, c_a, c_b, then l of each warp group (floats per row), by 32-bit
+// shared addresses (generic pointers would hold two registers each through the main loop).
+struct RowState {
+  uint32_t base;
+  static constexpr int kRows = 64;
+  __device__ __forceinline__ explicit RowState(uint32_t addr) : base(addr) {}
+  __device__ __forceinline__ float m(int r) const { return lds32f(base + 4 * r); }
+  __device__ __forceinline__ float ca(int r) const { return lds32f(base + 4 * (kRows + r)); }
+  __device__ __forceinline__ float cb(int r) const { return lds32f(base + 4 * (2 * kRows + r)); }
+  __device__ __forceinline__ float l(int wg, int r) const { return lds32f(base + 4 * ((3 + wg) * kRows + r)); }
+  __device__ __forceinline__ void set_m(int r, float v) const { sts32(base + 4 * r, __float_as_uint(v)); }
+  __device__ __forceinline__ void set_ca(int r, float v) const { sts32(base + 4 * (kRows + r), __float_as_uint(v)); }
+  __device__ __forceinline__ void set_cb(int r, float v) const { sts32(base + 4 * (2 * kRows + r), __float_as_uint(v)); }
+  __device__ __forceinline__ void set_l(int wg, int r, float v) const { sts32(base + 4 * ((3 + wg) * kRows + r), __float_as_uint(v)); }
+};
+
+// One consumer warp group's part of a piece: n_iter tiles from tile_begin, rows of `w`.
+// uses[s]: tiles stage s has held before this piece (the barriers' phases).
+template <class Cfg>
+__device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>& w, int n_iter, int kv_len, uint32_t sbase,
+                                        unsigned char* smem, int wg, int t, int (&uses)[2]) {
+  using T = SeesawTraits<Cfg>;
+  constexpr int kAcc = T::kAcc;
+  const Frag f(t);
+  static_assert(Cfg::kTileM == RowState::kRows, "row state of 64 rows");
+  const RowState rs(sbase + Cfg::kRowsOff);
+  const uint32_t stage0 = sbase + Cfg::kKVOff, stage1 = stage0 + Cfg::kKVTileBytes;
+  const int s_q = a.s_q;
+
+  float o[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  int row_limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int R = w.mb * Cfg::kTileM + f.r + 8 * h;
+    row_limit[h] = R < w.rows_total ? w.token_limit(w.row_token(R), kv_len, s_q) : 0;
+  }
+  // positions below full_limit are visible to every row (the first row has the smallest token)
+  const int full_limit = w.token_limit(w.row_token(w.mb * Cfg::kTileM), kv_len, s_q);
+  const float c = a.softmax_scale * kLog2e;
+
+  for (int it = 0; it < n_iter; it += 2) {
+    const bool has_b = it + 1 < n_iter;
+    float s[32];
+    float mx[2], sum[2], ca[2], cb[2];
+    uint32_t pa[Cfg::kTileN / 16][4];
+    if (wg == 0) {
+      const int parity = uses[0] & 1;
+      scores<Cfg, 0>(s, sbase, parity);
+      mbarrier_wait(T::flags_bar(sbase, 0), parity);
+      mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit, sbase + Cfg::kFlagsOff);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], mx[h] * c);
+        ca[h] = rescale_factor(m[h], m_new);
+        m[h] = m_new;
+        if (f.q == 0) rs.set_m(f.r + 8 * h, m_new), rs.set_ca(f.r + 8 * h, ca[h]);
+      }
+      bar_arrive(Cfg::kMaxABarrier, 2 * kGroupThreads);  // MAX_A
+      exponentiate<Cfg>(s, m, c, sum);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l[h] = l[h] * ca[h] + sum[h];
+      scale_rows(o, ca);
+      pack_p<Cfg>(s, pa);
+      pv_rs<Cfg>(o, pa, stage0);  // O_L += P_a V_a[:, L]
+      mbarrier_arrive(T::empty_early(sbase, 0));
+      bar_sync(Cfg::kPBBarrier, 2 * kGroupThreads);  // P_B
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        cb[h] = rs.cb(f.r + 8 * h);
+        m[h] = rs.m(f.r + 8 * h);
+        l[h] *= cb[h];
+      }
+      store_scaled_p<Cfg>(stage0 + Cfg::kPBox * Cfg::kBoxBytes, pa, cb, f);  // P_a c_b (S_a is dead: registers)
+      fence_async_shared();
+      bar_arrive(Cfg::kPABarrier, 2 * kGroupThreads);  // P_A
+      scale_rows(o, cb);
+      if (has_b) {
+        pv_ss<Cfg>(o, stage1 + Cfg::kPBox * Cfg::kBoxBytes, stage1);  // O_L += P_b V_b[:, L]
+        mbarrier_arrive(T::empty_late(sbase, 1));
+      }
+    } else {
+      if (has_b) {
+        const int parity = uses[1] & 1;
+        scores<Cfg, 1>(s, sbase, parity);
+        mbarrier_wait(T::flags_bar(sbase, 1), parity);
+        mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
+                          sbase + Cfg::kFlagsOff + Cfg::kFlagsPitch);
+      } else {
+        mx[0] = mx[1] = -INFINITY;
+      }
+      bar_sync(Cfg::kMaxABarrier, 2 * kGroupThreads);  // MAX_A
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_a = rs.m(f.r + 8 * h);
+        ca[h] = rs.ca(f.r + 8 * h);
+        const float m_new = fmaxf(m_a, mx[h] * c);
+        cb[h] = rescale_factor(m_a, m_new);
+        m[h] = m_new;
+      }
+      float cab[2] = {ca[0] * cb[0], ca[1] * cb[1]};
+      scale_rows(o, cab);
+      if (has_b) {
+        exponentiate<Cfg>(s, m, c, sum);
+        store_p<Cfg>(stage1 + Cfg::kPBox * Cfg::kBoxBytes, s, f);
+      } else {
+        sum[0] = sum[1] = 0.f;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l[h] = l[h] * cab[h] + sum[h];
+        if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
+      }
+      fence_async_shared();
+      bar_arrive(Cfg::kPBBarrier, 2 * kGroupThreads);  // P_B
+      if (has_b) {
+        pack_p<Cfg>(s, pa);
+        pv_rs<Cfg>(o, pa, stage1 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_b V_b[:, R]
+        mbarrier_arrive(T::empty_early(sbase, 1));
+      }
+      bar_sync(Cfg::kPABarrier, 2 * kGroupThreads);  // P_A
+      pv_ss<Cfg>(o, stage0 + Cfg::kPBox * Cfg::kBoxBytes, stage0 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_a V_a[:, R]
+      mbarrier_arrive(T::empty_late(sbase, 0));
+    }
+    ++uses[0];
+    if (has_b) ++uses[1];
+  }
+
+  // ---- epilogue: l = l_L + l_R, then each group's half of out (or of the partials)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (f.q == 0) rs.set_l(wg, f.r + 8 * h, l[h]);
+  }
+  bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);
+  const CtaWork<Cfg> we = unstash_work<Cfg>(smem + Cfg::kWorkOff);
+  const bool direct = we.slot < 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int R = we.mb * Cfg::kTileM + f.r + 8 * h;
+    if (R >= we.rows_total) continue;
+    const float lt = rs.l(0, f.r + 8 * h) + rs.l(1, f.r + 8 * h);
+    const int tq = we.row_token(R);
+    const int hq = we.head * Cfg::kGroup + we.row_head(R);
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const float lse = row_lse(m[h], lt);
+    const int c0 = wg * T::kHalfCols + 2 * f.q;
+    if (direct) {
+      using E = Elem16<Cfg::kElem>;
+      auto* out = static_cast<typename E::T*>(a.out) + we.out_row(s_q, tq, hq) * Cfg::kDV + c0;
+#pragma unroll
+      for (int i = 0; i < kAcc / 4; ++i) *reinterpret_cast<uint32_t*>(out + 8 * i) = E::pack(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      if (wg == 0 && f.q == 0) a.lse[we.lse_index(s_q, tq, hq)] = lse;
+    } else {
+      const long long prow = we.partial_row(a, tq, hq);
+      float* out = a.partial_out + prow * Cfg::kDV + c0;
+#pragma unroll
+      for (int i = 0; i < kAcc / 4; ++i) *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      if (wg == 0 && f.q == 0) a.partial_lse[prow] = lse;
+    }
+  }
+}
+
+}  // namespace hopper
+}  // namespace attncc

@@ -1,0 +1,100 @@
+// attncc/hopper/traits.cuh: the Hopper family's view of its plan.
+//
+// Every number here was chosen by the lowering (attncc/families/hopper.py) and arrives as a
+// named constexpr of the generated Config; this header names what they define (the order a
+// stage's boxes are loaded and read in, where each barrier lives) and static_asserts that the
+// choices are legal for the kernel as written.
+#pragma once
+
+#include <cstdint>
+
+#include "attncc/core/common.cuh"
+#include "attncc/core/smem.cuh"
+
+namespace attncc {
+namespace hopper {
+
+constexpr int kSmemLimitBytes = 232448;  // 227 KB: the largest dynamic shared memory of a CTA on sm_90
+constexpr int kGroupThreads = 128;       // a warp group
+constexpr int kBoxCols = 64;             // a 128B-swizzled box: 64 16-bit columns a row
+
+// The source (run of the record) that fills staged box `box` (the lowering puts every source on
+// whole boxes), -1 if none.
+template <class Cfg>
+__host__ __device__ constexpr int box_source(int box) {
+  for (int i = 0; i < Cfg::kNumSources; ++i)
+    if (Cfg::kSources[i].smem_col <= box * kBoxCols && box * kBoxCols < Cfg::kSources[i].smem_col + Cfg::kSources[i].width) return i;
+  return -1;
+}
+
+template <class Cfg>
+__host__ __device__ constexpr bool boxes_filled() {
+  for (int b = 0; b < Cfg::kBoxes; ++b)
+    if (box_source<Cfg>(b) < 0) return false;
+  for (int i = 0; i < Cfg::kNumSources; ++i)
+    if (Cfg::kSources[i].smem_col % kBoxCols != 0 || Cfg::kSources[i].width % kBoxCols != 0 || Cfg::kSources[i].dtype != Cfg::kElem ||
+        Cfg::kSources[i].offset_bytes % 16 != 0 || Cfg::kSources[i].head_stride_bytes % 16 != 0 || Cfg::kTokenStride[Cfg::kSources[i].tensor] % 16 != 0)
+      return false;
+  return true;
+}
+
+template <class Cfg>
+struct SeesawTraits {
+  static constexpr int kThreads = Cfg::kThreads;
+  static constexpr int kM = Cfg::kTileM, kN = Cfg::kTileN, kStages = Cfg::kStages;
+  static constexpr int kBoxes = Cfg::kBoxes;            // of a staged row (and of a Q row)
+  static constexpr int kValueBoxes = Cfg::kValueBoxes;  // the value's: boxes [0, kValueBoxes)
+  static constexpr int kHalf = Cfg::kHalfBoxes;         // per consumer warp group's output half
+  static constexpr int kPBox = Cfg::kPBox;              // the key-only box that holds the stage's P
+  static constexpr int kBoxBytes = Cfg::kBoxBytes;
+  static constexpr int kKVTileBytes = Cfg::kKVTileBytes;
+  static constexpr int kHalfCols = kHalf * kBoxCols;    // output columns per consumer warp group
+  static constexpr int kAcc = kHalfCols / 2;            // its accumulator registers (64 x N fp32 / 128)
+
+  // The order the boxes of stage s are loaded and read in: stage 0 (tile a) from box 0, stage 1
+  // (tile b) from the right half of the value, which its first release (after P_b V_b[:, R])
+  // frees first. The first kHalf boxes of either order are its early group (EMPTY early).
+  __host__ __device__ static constexpr int box_order(int stage, int i) {
+    return stage == 0 ? i : (i < kHalf ? kHalf + i : i < 2 * kHalf ? i - kHalf : i);
+  }
+
+  // mbarriers (8 bytes each) from kBarOff: FULL[stage][box], EMPTY early[stage], EMPTY
+  // late[stage], FLAGS[stage].
+  static constexpr int kBarOff = Cfg::kBarOff;
+  __device__ static uint32_t full(uint32_t base, int stage, int box) { return base + kBarOff + 8 * (stage * kBoxes + box); }
+  __device__ static uint32_t empty_early(uint32_t base, int stage) { return base + kBarOff + 8 * (kStages * kBoxes + stage); }
+  __device__ static uint32_t empty_late(uint32_t base, int stage) { return base + kBarOff + 8 * (kStages * kBoxes + kStages + stage); }
+  __device__ static uint32_t flags_bar(uint32_t base, int stage) { return base + kBarOff + 8 * (kStages * kBoxes + 2 * kStages + stage); }
+  static constexpr int kNumBarriers = kStages * kBoxes + 3 * kStages;
+
+  static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
+  static_assert(!Cfg::kSparse, "dense caches (block table)");
+  static_assert(Cfg::kSeesaw && kStages == 2, "the seesaw: a pair of tiles in two stages");
+  static_assert(kM == 64 && kN == 64, "64 rows (one wgmma M) x 64 tokens (a P tile is one box)");
+  static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
+  static_assert(Cfg::kDK == kBoxes * kBoxCols && Cfg::kDV == kValueBoxes * kBoxCols && kValueBoxes == 2 * kHalf && kHalfCols == 256,
+                "key of whole boxes; value of two halves of 256 columns (wgmma N 256)");
+  static_assert(Cfg::kNumKeyRuns == 1 && Cfg::kKeyRuns[0].col == 0 && Cfg::kKeyRuns[0].width == Cfg::kDK &&
+                    Cfg::kNumValueRuns == 1 && Cfg::kValueRuns[0].col == 0 && Cfg::kValueRuns[0].width == Cfg::kDV,
+                "key = all staged columns, value = the first d_v");
+  static_assert(kPBox >= kValueBoxes && kPBox < kBoxes, "P goes in a key-only box");
+  static_assert(boxes_filled<Cfg>(), "every box filled by one 16-bit source, 16-byte aligned");
+  static_assert(kBoxBytes == kN * 128 && kBoxBytes == kM * 128 && kKVTileBytes == kBoxes * kBoxBytes, "boxes of 128-byte rows");
+  static_assert(Cfg::kQOff % 1024 == 0 && Cfg::kKVOff % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms 1024-aligned");
+  static_assert(Cfg::kKVOff >= Cfg::kQOff + kBoxes * kBoxBytes && kBarOff >= Cfg::kKVOff + kStages * kKVTileBytes && kBarOff % 8 == 0 &&
+                    Cfg::kFlagsOff >= kBarOff + 8 * kNumBarriers && Cfg::kFlagsPitch >= kN + 16 && Cfg::kFlagsPitch % 16 == 0 &&
+                    Cfg::kRowsOff >= Cfg::kFlagsOff + kStages * Cfg::kFlagsPitch && Cfg::kRowsOff % 16 == 0 &&
+                    Cfg::kWorkOff >= Cfg::kRowsOff + 5 * kM * 4 && Cfg::kWalkCOff >= Cfg::kWorkOff + 9 * 4 &&
+                    Cfg::kWalkPOff >= Cfg::kWalkCOff + 12 * 4 && Cfg::kSmemBytes >= Cfg::kWalkPOff + 12 * 4,
+                "shared-memory plan: disjoint regions in order");
+  static_assert(Cfg::kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB");
+  static_assert(2 * kGroupThreads * Cfg::kConsumerRegisters + kGroupThreads * Cfg::kProducerRegisters <= 65536 &&
+                    Cfg::kConsumerRegisters % 8 == 0 && Cfg::kProducerRegisters % 8 == 0 && Cfg::kProducerRegisters >= 24 &&
+                    Cfg::kConsumerRegisters <= 256 && Cfg::kRegisters * kThreads <= 65536,
+                "setmaxnreg budgets fit the register file");
+  static_assert(Cfg::kBarriers <= 16 && Cfg::kConsumerBarrier >= 1 && Cfg::kPBBarrier < Cfg::kBarriers && Cfg::kPABarrier < Cfg::kBarriers,
+                "named barriers: 1 .. 15");
+};
+
+}  // namespace hopper
+}  // namespace attncc
