@@ -256,6 +256,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         m[h] = rs.m(f.r + 8 * h);
         l[h] *= cb[h];
       }
+      __syncwarp();  // the quad's reads of m_b before its first lane writes the next m_a
       store_scaled_p<Cfg>(stage0 + Cfg::kPBox * Cfg::kBoxBytes, pa, cb, f);  // P_a c_b (S_a is dead: registers)
       fence_async_shared();
       bar_arrive(Cfg::kPABarrier, 2 * kGroupThreads);  // P_A
@@ -283,6 +284,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         cb[h] = rescale_factor(m_a, m_new);
         m[h] = m_new;
       }
+      __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
       float cab[2] = {ca[0] * cb[0], ca[1] * cb[1]};
       scale_rows(o, cab);
       if (has_b) {
