@@ -126,9 +126,9 @@ def _no_family(spec: Spec, refusals: list[tuple[str, Refusal]]) -> SpecError:
                            spec.source, span)
 
 
-def lower(spec: Spec, family: str | None = None) -> Plan:
-    """Resolve the spec and its schedule to a kernel plan, or raise at the knob. `family`: only
-    that family is asked (tests run a spec on every family that takes it)."""
+def lower(spec: Spec, only: str | None = None) -> Plan:
+    """Resolve the spec and its schedule to a kernel plan, or raise at the knob. `only`: the
+    name of the one family to ask (tests run a spec on every family that takes it)."""
     sched = spec.schedule
     target = TARGETS[sched.target]
     layout = record_layout(spec)
@@ -137,8 +137,9 @@ def lower(spec: Spec, family: str | None = None) -> Plan:
                               f"at most {MAX_TENSORS} (abi.h)", spec.source, spec.span_of("cache"))
     refusals: list[tuple[str, Refusal]] = []
     written = [k for k in _written_knobs(spec) if k not in families.COMMON_KNOBS]
-    candidates = [f for f in families.for_target(sched.target) if family in (None, f.name)]
-    for family in candidates:
+    for family in families.for_target(sched.target):
+        if only is not None and family.name != only:
+            continue
         unknown = [k for k in written if k not in family.honours | family.tolerates]
         if unknown:
             refusals.append((family.name, Refusal(f"does not apply `{unknown[0]}`",

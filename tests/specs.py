@@ -4,12 +4,12 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def mla(page=64, heads=128, sq=2, causal=True, extra=""):
+def mla(page=64, heads=128, sq=2, causal=True, extra="", elem="bf16"):
     return f"""attention mla_p{page}_h{heads} {{
     heads q = {heads}, kv = 1
     cache paged({page}) {{
-        latent: bf16[512]
-        rope:   bf16[64]
+        latent: {elem}[512]
+        rope:   {elem}[64]
     }}
     key = latent ++ rope
     value = latent

@@ -22,7 +22,7 @@ from attncc.lower import Plan, UnsupportedSpec
 from attncc.split import DecodeMetadata, num_splits
 from attncc.target import TARGETS
 
-from specs import EXTRA
+from specs import EXTRA, mla
 from support import compile_quiet
 
 REPO = Path(__file__).resolve().parent.parent
@@ -609,63 +609,37 @@ def test_seesaw_is_applied_by_the_hopper_family_and_explained():
 
 
 def test_the_hopper_family_picks_the_seesaw_without_the_knob_and_says_so():
-    k = attncc.compile(spec_text_mla(heads=64))
+    k = attncc.compile(mla(heads=64))
     assert k.plan.family == "hopper" and k.plan.config.seesaw
     assert re.search(r"^\s+seesaw\s+True\s+chosen: a 512-wide value splits", k.explain(), re.M)
 
 
-@pytest.mark.parametrize("change, knob, reason", [
-    ("heads q = 16, kv = 1", None, "memory-bound"),
-    ("heads q = 128, kv = 1\n    query len <= 1", None, None),
-])
-def test_the_hopper_family_refuses_what_it_does_not_run(change, knob, reason):
-    k = attncc.compile(spec_text_mla(heads_line=change))
-    if reason is None:
-        assert k.plan.family == "hopper"
-        return
+@pytest.mark.parametrize("heads, sq, causal", [(64, 2, True), (128, 1, False)])
+def test_the_hopper_family_takes_mla_with_a_group_of_64_or_more(heads, sq, causal):
+    assert attncc.compile(mla(heads=heads, sq=sq, causal=causal)).plan.family == "hopper"
+
+
+@pytest.mark.parametrize("heads", [16, 32])
+def test_the_hopper_family_leaves_a_group_under_64_to_mma_sync(heads):
+    k = attncc.compile(mla(heads=heads))
     assert k.plan.family == "mma_sync"
     refused = dict(k.plan.refused)
-    assert reason in refused["hopper"], refused
+    assert "memory-bound" in refused["hopper"], refused
 
 
 def test_the_hopper_family_refusals_name_the_knob_and_the_limit():
-    text = spec_text_mla(heads=128) + "\nschedule mla_h {\n    tile q = 32, kv = 64\n}\n"
+    text = mla(heads=128, extra="schedule mla_p64_h128 {\n    tile q = 32, kv = 64\n}\n")
     k = attncc.compile(text)  # mma_sync takes the tile the seesaw cannot
     assert k.plan.family == "mma_sync"
     assert "`tile q = 32, kv = 64`: the seesaw runs 64 x 64" in dict(k.plan.refused)["hopper"]
-    for spec, words in ((spec_text_mla(heads=128, elem="fp16"), "runs bf16 records"),
+    for spec, words in ((mla(heads=128, elem="fp16"), "runs bf16 records"),
                         (REPO / "examples" / "gla2.attn", "512-wide value"),
-                        (FP8_DENSE_H128, "fp8 records"),
+                        (EXTRA["mla_fp8_per64"], "fp8 records"),
                         (REPO / "examples" / "mla_fp8_sparse.attn", "does not apply `crossover`")):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             k = attncc.compile(spec)
         assert k.plan.family == "mma_sync" and words in dict(k.plan.refused)["hopper"]
-
-
-FP8_DENSE_H128 = """attention fp8_h128 {
-    heads q = 128, kv = 1
-    cache paged(64) {
-        latent: e4m3[512] scale fp32 per 128
-        rope:   bf16[64]
-    }
-    key   = latent ++ rope
-    value = latent
-}
-"""
-
-
-def spec_text_mla(heads=128, heads_line=None, elem="bf16"):
-    return f"""attention mla_h {{
-    {heads_line or f"heads q = {heads}, kv = 1"}
-    cache paged(64) {{
-        latent: {elem}[512]
-        rope:   {elem}[64]
-    }}
-    key   = latent ++ rope
-    value = latent
-}}
-"""
 
 
 def test_no_warning_without_hopper_knobs():

@@ -141,6 +141,9 @@ class HopperFamily(Family):
         if smem > target.smem_per_block:
             raise Refusal(f"{smem} B of shared memory > {target.smem_per_block}", spec.span_of("key"))
         threads = 3 * GROUP_THREADS
+        # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
+        # the roles trade: the producer gives back what the consumers take
+        registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
         why = (
             ("tile_m", f"one wgmma M ({TILE_M} rows) per consumer warp group"),
             ("tile_n", "`tile kv`" if sched.tile_kv else f"{TILE_N} tokens: a P tile is one box"),
@@ -149,7 +152,7 @@ class HopperFamily(Family):
             ("seesaw", "`seesaw`" if sched.seesaw else
              f"chosen: a {spec.d_v}-wide value splits into two {HALF_COLS}-column halves, one "
              "per consumer warp group"),
-            ("registers", "launch bounds (384 threads, 1 CTA): 168, then setmaxnreg"),
+            ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
             ("consumer_registers", "O half (128) + S (32) + P (16) and the rest: no spills (ptxas)"),
             ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled"),
             ("compute_bound", "a 64-row tile reads each token once for 64 rows"),
@@ -158,7 +161,7 @@ class HopperFamily(Family):
         )
         return HopperConfig(
             tile_m=TILE_M, tile_n=TILE_N, stages=STAGES, threads=threads, smem_bytes=smem,
-            registers=168, compute_bound=True, seesaw=True,
+            registers=registers, compute_bound=True, seesaw=True,
             consumer_registers=CONSUMER_REGISTERS, producer_registers=PRODUCER_REGISTERS,
             boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=HALF_COLS // BOX_COLS,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, kv_tile_bytes=kv_tile,
