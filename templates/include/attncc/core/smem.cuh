@@ -5,6 +5,8 @@
 
 namespace attncc {
 
+constexpr int kSmemLimitBytes = 232448;  // 227 KB: the largest dynamic shared memory of a CTA on sm_90
+
 // The byte layout of a row-major tile of 16-bit elements, kCols wide, with the row pitch and
 // the swizzle the lowering chose (families/mma_sync.py, SmemRows.of). ldmatrix reads one chunk
 // from each of 8 consecutive rows; those 8 chunks must fall in 8 different 16-byte bank groups,

@@ -14,7 +14,6 @@
 namespace attncc {
 namespace hopper {
 
-constexpr int kSmemLimitBytes = 232448;  // 227 KB: the largest dynamic shared memory of a CTA on sm_90
 constexpr int kGroupThreads = 128;       // a warp group
 constexpr int kBoxCols = 64;             // a 128B-swizzled box: 64 16-bit columns a row
 

@@ -11,7 +11,6 @@
 
 namespace attncc {
 
-constexpr int kSmemLimitBytes = 232448;  // 227 KB: the largest dynamic shared memory of a CTA on sm_90
 
 template <class Cfg>
 __host__ __device__ constexpr bool check_sources() {
