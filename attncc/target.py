@@ -21,6 +21,7 @@ class Target:
     named_barriers: int        # bar.sync ids 0..n-1 (0 is __syncthreads)
     wgmma: bool                # warpgroup MMA (sm_90a)
     clusters: bool             # thread-block clusters and distributed shared memory
+    dependent_launch: bool     # programmatic dependent launch (griddepcontrol, sm_90)
 
     def ctas_per_sm(self, threads: int, smem_bytes: int, registers_per_thread: int) -> int:
         """Resident CTAs of one kernel on one SM, by threads, shared memory and registers
@@ -37,12 +38,12 @@ TARGETS = {
     "sm90a": Target("sm90a", "-gencode=arch=compute_90a,code=sm_90a", sm_count=132,
                     smem_per_block=227 * 1024, smem_per_sm=228 * 1024, smem_reserved_per_block=1024,
                     registers_per_sm=65536, max_registers_per_thread=255, max_threads_per_sm=2048,
-                    named_barriers=16, wgmma=True, clusters=True),
+                    named_barriers=16, wgmma=True, clusters=True, dependent_launch=True),
     # A100
     "sm80": Target("sm80", "-gencode=arch=compute_80,code=sm_80", sm_count=108,
                    smem_per_block=163 * 1024, smem_per_sm=164 * 1024, smem_reserved_per_block=1024,
                    registers_per_sm=65536, max_registers_per_thread=255, max_threads_per_sm=2048,
-                   named_barriers=16, wgmma=False, clusters=False),
+                   named_barriers=16, wgmma=False, clusters=False, dependent_launch=False),
 }
 
 

@@ -87,6 +87,26 @@ def test_forced_split_counts(kernels, name, splits):
     assert result.ok, f"{name} splits={splits}: {result}"
 
 
+@pytest.mark.parametrize("name", with_families(["gqa8", "mla"]))
+@pytest.mark.parametrize("batch", [2, 64])
+def test_the_combine_by_rows_and_by_slabs(kernels, name, batch):
+    """combine.cuh merges a row a warp where rows are many (split mode: >= 2048 rows; part mode:
+    16-row blocks enough to fill the GPU) and a 128-column slab a warp where they are few: both
+    ways in split mode (3 splits) and part mode (40 parts, so a sequence crosses many parts)."""
+    k = kernels[name]
+    s_q = k.spec.max_query_len
+    for mode in (3, -40):
+        lengths = [(97 * i) % (40 * k.spec.page_size) + 1 for i in range(batch)]
+        case = testing.random_case(k.spec, lengths, s_q, seed=batch + mode)
+        _poison(k.spec, batch, s_q)
+        out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                        case.indices, k.spec.softmax_scale, mode)
+        result = testing.compare(k.spec, case, out, lse)
+        assert result.ok, f"{name} batch={batch} splits/parts={mode}: {result}"
+    rows = batch * s_q * k.spec.heads_q
+    assert (rows >= 2048) == (batch == 64), "both of the combine's ways in split mode"
+
+
 def _check_on_parts(k, lengths, parts, seed):
     """Every s_q on `parts` forced balanced parts, outputs poisoned, against the reference."""
     for s_q in range(1, k.spec.max_query_len + 1):

@@ -38,6 +38,7 @@ class KernelConfig:
     smem_bytes: int      # dynamic shared memory of the decode kernel
     registers: int       # register budget per thread (the launch bounds give it)
     compute_bound: bool  # the tensor pipe, not the cache stream, bounds a KV step
+    dependent_launch: bool  # the combine is a programmatic dependent of the decode kernel
     why: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def choices(self) -> dict:
@@ -46,6 +47,14 @@ class KernelConfig:
 
     def reason(self, name: str) -> str:
         return dict(self.why).get(name, "")
+
+
+# Why a config's combine is (or is not) a programmatic dependent of its decode kernel.
+DEPENDENT_LAUNCH_WHY = {
+    True: ("dependent_launch", "the combine launches while the decode kernel's last CTAs run "
+           "and waits for their partials (griddepcontrol)"),
+    False: ("dependent_launch", "the target has no programmatic dependent launch"),
+}
 
 
 class Family:

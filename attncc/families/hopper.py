@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..ir import Spec
 from ..layout import Layout
 from ..target import Target
-from .base import Family, KernelConfig, Refusal
+from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA: one wgmma M per consumer warp group
@@ -158,10 +158,12 @@ class HopperFamily(Family):
             ("compute_bound", "a 64-row tile reads each token once for 64 rows"),
             ("smem_bytes", f"Q + {STAGES} stages of {boxes} boxes + barriers <= "
              f"{target.smem_per_block} B"),
+            DEPENDENT_LAUNCH_WHY[target.dependent_launch],
         )
         return HopperConfig(
             tile_m=TILE_M, tile_n=TILE_N, stages=STAGES, threads=threads, smem_bytes=smem,
-            registers=registers, compute_bound=True, seesaw=True,
+            registers=registers, compute_bound=True,
+            dependent_launch=target.dependent_launch, seesaw=True,
             consumer_registers=CONSUMER_REGISTERS, producer_registers=PRODUCER_REGISTERS,
             boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=HALF_COLS // BOX_COLS,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, kv_tile_bytes=kv_tile,

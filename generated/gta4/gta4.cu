@@ -50,6 +50,7 @@ struct Config {
   static constexpr int kSmemBytes = 30768;  // <= 232448 B (sm90a)
   static constexpr int kRegisters = 255;  // launch bounds (128 threads, 1 CTA): 255 per thread
   static constexpr bool kComputeBound = false;  // 2 tile_m (d_k + d_v) = 8192 < 64 x 384 record bytes per kv head
+  static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr int kWarps = 4;  // the fewest warps with a register-legal layout
   static constexpr int kWarpRows = 16;  // the legal row count reading the fewest shared bytes
   static constexpr int kWarpsM = 1;
@@ -136,6 +137,7 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   if (err != cudaSuccess) return err;
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
   kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a);
-  if (a.num_splits > 1 || a.num_parts > 0) attncc::combine_kernel<Config><<<Combine::blocks(a), Combine::kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  err = cudaGetLastError();
+  if (err != cudaSuccess || (a.num_splits == 1 && a.num_parts == 0)) return err;
+  return attncc::launch_combine<Config>(attncc::combine_kernel<Config>, Combine::blocks(a), Combine::kThreads, stream, a);
 }

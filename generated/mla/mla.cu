@@ -50,6 +50,7 @@ struct Config {
   static constexpr int kSmemBytes = 223072;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
   static constexpr int kRegisters = 168;  // launch bounds (384 threads, 1 CTA): 168, then setmaxnreg
   static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
+  static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kSeesaw = true;  // `seesaw`
   static constexpr int kConsumerRegisters = 216;  // O half (128) + S (32) + P (16) and the rest: no spills (ptxas)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
@@ -113,6 +114,7 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   if (err != cudaSuccess) return err;
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
   kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a);
-  if (a.num_splits > 1 || a.num_parts > 0) attncc::combine_kernel<Config><<<Combine::blocks(a), Combine::kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  err = cudaGetLastError();
+  if (err != cudaSuccess || (a.num_splits == 1 && a.num_parts == 0)) return err;
+  return attncc::launch_combine<Config>(attncc::combine_kernel<Config>, Combine::blocks(a), Combine::kThreads, stream, a);
 }

@@ -3,77 +3,140 @@
 // Split s of a query row left O_s (already divided by its own l_s) and lse_s (natural log,
 // -inf when it saw no key). With L = log(sum_s exp(lse_s)),
 //     out = sum_s exp(lse_s - L) * O_s,   lse = L,
-// and a row whose splits all saw nothing gets out = 0, lse = -inf. One warp per query row,
-// splits visited in order: deterministic. Split mode: split s of a row at workspace row
-// s * rows + row. Part mode (schedule.cuh): only sequences that cross parts have partials, at
-// the slots of their pieces; the others were written by the decode kernel and are skipped.
+// and a row whose splits all saw nothing gets out = 0, lse = -inf. A warp merges a row (or, where
+// rows are few and each has many pieces, a 128-column slab of one: a float4 a lane, so that
+// more warps share the latency): the pieces' lse with lanes over pieces, each of the first 32
+// loaded once (warp max and sum), then the weighted sum with several pieces' loads issued
+// before any is used, pieces in order: deterministic. Split mode: split s of a row at workspace
+// row s * rows + row. Part mode (schedule.cuh): only sequences that cross parts have partials,
+// at the slots of their pieces; the others were written by the decode kernel and are skipped.
 // Where a sequence lies on the line takes a warp scan of the whole batch, so a part-mode block
-// takes kPartRows rows of one sequence and scans once. A warp per row, each scanning, took
-// 33 us on MLA h_q 128 b 128 (H200, uniform or ragged lengths); now 22 (and 19 -> 5-8 us on
-// a batch with nothing to merge).
+// takes several rows of one sequence and scans once: 16 rows, a warp per row, when there are
+// blocks enough to fill the GPU, else a warp per slab of as many rows as fill the block (MLA at
+// b = 1 merges 66 parts a row: 127 -> 49 us a call on the H200, decode included).
+//
+// Where the plan says so (dependent_launch<Cfg>(), common.cuh), launched as a programmatic
+// dependent of the decode kernel (launch.cuh): it reads the sequence lengths (inputs) before griddepcontrol.wait, the
+// decode kernel's partials after it, and every block waits before it exits, so that the
+// combine's grid never completes before the decode kernel's.
 #pragma once
 
 #include "attncc/abi.h"
 #include "attncc/core/common.cuh"
+#include "attncc/core/ptx.cuh"
 #include "attncc/core/schedule.cuh"
 #include "attncc/core/work.cuh"
 
 namespace attncc {
 
 constexpr int kCombineWarps = 8;
-constexpr int kPartRows = 16;  // part mode: rows of one sequence per block
+constexpr int kSlabCols = 128;     // a warp's columns of a row: 4 a lane
+constexpr int kInFlight = 8;       // pieces whose loads a lane has in flight at once (one slab)
+constexpr int kPartRows = 16;      // part mode: rows of one sequence per block, when blocks are many
+constexpr int kManyBlocks = 512;   // ... which is when 16-row blocks number at least this
 
-// Merge the partials at workspace rows prow(first), ..., prow(last), in that order, into the
-// query row `row` ([b, s_q, h_q]) of out and lse; prow(k) < 0 names no partial (skipped). One
-// warp; every lane walks the pieces.
-template <class Cfg, class PartialRow>
-__device__ __forceinline__ void merge_partials(const AttnccArgs& args, long long row, int first, int last, PartialRow prow) {
+template <class Cfg>
+struct CombineShape {
+  static constexpr int kSlabs = ceil_div(Cfg::kDV, kSlabCols);  // warps per row
+  // Part mode: rows of one sequence a block merges.
+  __host__ __device__ static int part_rows(int num_seqs, int seq_rows) {
+    if (1LL * num_seqs * ceil_div(seq_rows, kPartRows) >= kManyBlocks) return kPartRows;
+    return kCombineWarps / kSlabs > 0 ? kCombineWarps / kSlabs : 1;
+  }
+  // Split mode: a warp per row when the rows fill the GPU's warps, else a warp per slab.
+  __host__ __device__ static bool whole_rows(long long rows) { return rows >= kManyBlocks * kCombineWarps / 2; }
+};
+
+// The decode kernel's partials are complete and visible (a no-op without dependent launch: the
+// stream orders the kernels).
+template <class Cfg>
+__device__ __forceinline__ void wait_for_decode() {
+  if constexpr (dependent_launch<Cfg>()) griddep_wait();
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, d));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(0xffffffffu, x, d);
+  return x;
+}
+
+// Merge the partials at workspace rows prow(first), ..., prow(last), in that order, into
+// kSlabsPerWarp slabs from `slab` of the query row `row` ([b, s_q, h_q]) of out (and, from slab
+// 0, lse); prow(k) < 0 names no partial (skipped). One warp: lanes over pieces for the lse (each
+// of the first 32 loaded once), then pieces in order, kInFlight of them loaded before any is used.
+template <class Cfg, int kSlabsPerWarp, int kInFlight, class PartialRow>
+__device__ __forceinline__ void merge_partials(const AttnccArgs& args, long long row, int slab, int first, int last, PartialRow prow) {
   using E = Elem16<Cfg::kElem>;
   const int lane = threadIdx.x & 31;
-  float mx = -INFINITY;
-  for (int k = first; k <= last; ++k)
-    if (prow(k) >= 0) mx = fmaxf(mx, args.partial_lse[prow(k)]);
-  float sum = 0.f;
-  if (mx != -INFINITY)
-    for (int k = first; k <= last; ++k)
-      if (prow(k) >= 0) sum += __expf(args.partial_lse[prow(k)] - mx);
+  const long long r0 = first + lane <= last ? prow(first + lane) : -1LL;  // the first 32 pieces
+  const float lse0 = r0 >= 0 ? args.partial_lse[r0] : -INFINITY;
+  float mx = lse0;
+  for (int k = first + 32 + lane; k <= last; k += 32) {
+    const long long r = prow(k);
+    if (r >= 0) mx = fmaxf(mx, args.partial_lse[r]);
+  }
+  mx = warp_max(mx);
+  float sum = mx == -INFINITY ? 0.f : __expf(lse0 - mx);
+  if (mx != -INFINITY) {
+    for (int k = first + 32 + lane; k <= last; k += 32) {
+      const long long r = prow(k);
+      if (r >= 0) sum += __expf(args.partial_lse[r] - mx);
+    }
+  }
+  sum = warp_sum(sum);
   const float lse = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
 
-  // Each lane owns columns 4 lane + 128 j: a piece's loads for all of them are issued together.
-  constexpr int kChunks = ceil_div(Cfg::kDV, 128);
-  float4 acc[kChunks];
+  float4 acc[kSlabsPerWarp];
 #pragma unroll
-  for (int j = 0; j < kChunks; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j = 0; j < kSlabsPerWarp; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (lse != -INFINITY) {
-    for (int k = first; k <= last; ++k) {
-      const long long r = prow(k);
-      if (r < 0) continue;
-      const float w = __expf(args.partial_lse[r] - lse);  // 0 for a piece that saw nothing
-      if (w == 0.f) continue;
-      const float* src = args.partial_out + r * Cfg::kDV;
+    // 32 pieces at a time: lane k holds the row and weight of piece base + k
+    for (int base = first; base <= last; base += 32) {
+      const long long r = base == first ? r0 : base + lane <= last ? prow(base + lane) : -1LL;
+      const float w = r < 0 ? 0.f : __expf((base == first ? lse0 : args.partial_lse[r]) - lse);  // 0: saw nothing
+      const int n = min(32, last - base + 1);
+      for (int i = 0; i < n; i += kInFlight) {
+        float4 v[kInFlight][kSlabsPerWarp];
+        float wu[kInFlight];
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        const int c = lane * 4 + j * 128;
-        if (c >= Cfg::kDV) continue;
-        const float4 v = *reinterpret_cast<const float4*>(src + c);
-        acc[j].x += w * v.x;
-        acc[j].y += w * v.y;
-        acc[j].z += w * v.z;
-        acc[j].w += w * v.w;
+        for (int u = 0; u < kInFlight; ++u) {
+          const int src = (i + u) & 31;
+          wu[u] = __shfl_sync(0xffffffffu, w, src);
+          const long long ru = __shfl_sync(0xffffffffu, r, src);
+#pragma unroll
+          for (int j = 0; j < kSlabsPerWarp; ++j) {
+            const int c = (slab + j) * kSlabCols + 4 * lane;
+            v[u][j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (i + u < n && wu[u] != 0.f && c < Cfg::kDV) v[u][j] = *reinterpret_cast<const float4*>(args.partial_out + ru * Cfg::kDV + c);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u)
+#pragma unroll
+          for (int j = 0; j < kSlabsPerWarp; ++j) {
+            acc[j].x += wu[u] * v[u][j].x;
+            acc[j].y += wu[u] * v[u][j].y;
+            acc[j].z += wu[u] * v[u][j].z;
+            acc[j].w += wu[u] * v[u][j].w;
+          }
       }
     }
   }
-  auto* out = static_cast<typename E::T*>(args.out) + row * Cfg::kDV;
 #pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    const int c = lane * 4 + j * 128;
+  for (int j = 0; j < kSlabsPerWarp; ++j) {
+    const int c = (slab + j) * kSlabCols + 4 * lane;
     if (c >= Cfg::kDV) continue;
     uint2 packed;
     packed.x = E::pack(acc[j].x, acc[j].y);
     packed.y = E::pack(acc[j].z, acc[j].w);
-    *reinterpret_cast<uint2*>(out + c) = packed;
+    *reinterpret_cast<uint2*>(static_cast<typename E::T*>(args.out) + row * Cfg::kDV + c) = packed;
   }
-  if (lane == 0) {
+  if (slab == 0 && lane == 0) {
     // row = (b * s_q + t) * h_q + h  ->  lse[b, h, t]
     const long long h = row % Cfg::kHeadsQ;
     const long long bt = row / Cfg::kHeadsQ;
@@ -82,22 +145,39 @@ __device__ __forceinline__ void merge_partials(const AttnccArgs& args, long long
   }
 }
 
-// Four blocks per SM: a register budget of 64. With none given, ptxas held the fp8 sparse MLA
-// combine to 48 registers and spilled 4 bytes.
+// A warp's task: a whole row (kSlabs slabs, two pieces in flight) where the rows are many, one
+// slab (kInFlight pieces in flight) where they are few and each has many pieces.
+template <class Cfg, class PartialRow>
+__device__ __forceinline__ void merge_task(const AttnccArgs& args, bool whole_rows, long long row, int slab, int first, int last,
+                                           PartialRow prow) {
+  if (whole_rows)
+    merge_partials<Cfg, CombineShape<Cfg>::kSlabs, 2>(args, row, 0, first, last, prow);
+  else
+    merge_partials<Cfg, 1, kInFlight>(args, row, slab, first, last, prow);
+}
+
+// Two blocks per SM: a register budget of 128, for a lane's kInFlight float4 loads in flight
+// (at four blocks, 64 registers, ptxas spilled them).
 template <class Cfg>
-__global__ void __launch_bounds__(kCombineWarps * 32, 4) combine_kernel(const __grid_constant__ AttnccArgs args) {
+__global__ void __launch_bounds__(kCombineWarps * 32, 2) combine_kernel(const __grid_constant__ AttnccArgs args) {
   static_assert(Cfg::kDV % 4 == 0, "float4 loads");
+  using S = CombineShape<Cfg>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (args.num_parts == 0) {  // split mode: split s of the row at s * rows + row
     const long long rows = static_cast<long long>(args.batch) * args.s_q * Cfg::kHeadsQ;  // [b, s_q, h_q]
-    const long long row = static_cast<long long>(blockIdx.x) * kCombineWarps + warp;
-    if (row < rows) merge_partials<Cfg>(args, row, 0, args.num_splits - 1, [&](int s) { return s * rows + row; });
+    const bool whole = S::whole_rows(rows);
+    const int per_row = whole ? 1 : S::kSlabs;  // tasks a row
+    const long long task = static_cast<long long>(blockIdx.x) * kCombineWarps + warp;
+    const long long row = task / per_row;
+    wait_for_decode<Cfg>();
+    if (row < rows) merge_task<Cfg>(args, whole, row, static_cast<int>(task % per_row), 0, args.num_splits - 1, [&](int s) { return s * rows + row; });
     return;
   }
-  // Part mode: rows [chunk kPartRows, ...) of sequence seq (dense: seq = b; sparse: seq = b s_q + t).
+  // Part mode: rows [chunk part_rows, ...) of sequence seq (dense: seq = b; sparse: seq = b s_q + t).
   using W = CtaWork<Cfg>;
   const int seq_rows = W::seq_rows(args.s_q);
-  const int chunks = ceil_div(seq_rows, kPartRows);
+  const int part_rows = S::part_rows(W::num_seqs(args), seq_rows);
+  const int chunks = ceil_div(seq_rows, part_rows);
   const int seq = static_cast<int>(blockIdx.x / chunks), chunk = static_cast<int>(blockIdx.x % chunks);
   __shared__ SeqPieces pieces;
   if (warp == 0) {  // where the sequence lies on the line of all tiles (schedule.cuh)
@@ -107,13 +187,17 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 4) combine_kernel(const __
   }
   __syncthreads();
   const SeqPieces sp = pieces;
+  wait_for_decode<Cfg>();
   if (sp.whole()) return;  // the decode kernel wrote this sequence
   // The pieces in part order: parts first .. last, minus the empty ones (slot -1).
   const long long slot_rows = static_cast<long long>(args.s_q) * Cfg::kHeadsQ;
-  for (int i = chunk * kPartRows + warp; i < min(seq_rows, (chunk + 1) * kPartRows); i += kCombineWarps) {
-    const long long row = static_cast<long long>(seq) * seq_rows + i;
+  const int row0 = chunk * part_rows, rows = min(seq_rows - row0, part_rows);
+  const bool whole = part_rows == kPartRows;
+  const int per_row = whole ? 1 : S::kSlabs;  // tasks a row
+  for (int task = warp; task < rows * per_row; task += kCombineWarps) {
+    const long long row = static_cast<long long>(seq) * seq_rows + row0 + task / per_row;
     const long long in_slot = row % slot_rows;  // (t, h) within a slot: [slot, s_q, h_q]
-    merge_partials<Cfg>(args, row, sp.first, sp.last, [=](int p) {
+    merge_task<Cfg>(args, whole, row, task % per_row, sp.first, sp.last, [=](int p) {
       const int slot = sp.slot(p);
       return slot < 0 ? -1LL : slot * slot_rows + in_slot;
     });
@@ -124,10 +208,14 @@ template <class Cfg>
 struct CombineLaunch {
   static constexpr int kThreads = kCombineWarps * 32;
   static unsigned blocks(const AttnccArgs& a) {
-    if (a.num_parts > 0)  // one block per kPartRows rows of each sequence
-      return static_cast<unsigned>(1LL * CtaWork<Cfg>::num_seqs(a) * ceil_div(CtaWork<Cfg>::seq_rows(a.s_q), kPartRows));
+    using S = CombineShape<Cfg>;
+    if (a.num_parts > 0) {  // one block per part_rows rows of each sequence
+      const int seq_rows = CtaWork<Cfg>::seq_rows(a.s_q), num_seqs = CtaWork<Cfg>::num_seqs(a);
+      return static_cast<unsigned>(1LL * num_seqs * ceil_div(seq_rows, S::part_rows(num_seqs, seq_rows)));
+    }
     const long long rows = static_cast<long long>(a.batch) * a.s_q * Cfg::kHeadsQ;
-    return static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps);
+    const long long tasks = rows * (S::whole_rows(rows) ? 1 : S::kSlabs);
+    return static_cast<unsigned>((tasks + kCombineWarps - 1) / kCombineWarps);
   }
 };
 

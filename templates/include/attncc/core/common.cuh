@@ -16,6 +16,22 @@ namespace attncc {
 // ------------------------------------------------------------------------------------------
 // Plan vocabulary (attncc/layout.py computes every field)
 
+// The archs this translation unit is built for (nvcc's list, seen by the host pass too) all
+// have programmatic dependent launch (sm_90+).
+constexpr int kBuiltArchs[] = {__CUDA_ARCH_LIST__};
+__host__ __device__ constexpr bool built_for_dependent_launch() {
+  for (int arch : kBuiltArchs)
+    if (arch < 900) return false;
+  return true;
+}
+// The combine is a programmatic dependent of the decode kernel: where the plan says so
+// (kDependentLaunch) and the build has the instructions (an sm_80 build of an sm90a plan, run on
+// a GPU without them, keeps the stream's order: core/launch.cuh sets no attribute).
+template <class Cfg>
+__host__ __device__ constexpr bool dependent_launch() {
+  return Cfg::kDependentLaunch && built_for_dependent_launch();
+}
+
 enum class Dtype : int { kBF16 = 0, kFP16 = 1, kE4M3 = 2, kE5M2 = 3 };
 
 __host__ __device__ constexpr bool is_fp8(Dtype d) { return d == Dtype::kE4M3 || d == Dtype::kE5M2; }

@@ -37,6 +37,13 @@ __device__ __forceinline__ void bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ---- programmatic dependent launch (sm_90; a kernel calls these only where its plan's
+// dependent_launch<Cfg>() says the launch sequence uses it: common.cuh, core/launch.cuh)
+// The dependent grid may launch once every CTA of this grid has issued this or exited.
+__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// Wait until the grids this one depends on have completed and their memory is visible.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 // ---- shared-memory loads and stores by address
 __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v));

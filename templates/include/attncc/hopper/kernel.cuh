@@ -203,6 +203,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     setmaxnreg_inc<Cfg::kConsumerRegisters>();
     walk_pieces<Cfg>(args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
                      [&](const CtaWork<Cfg>& w) { consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, uses); });
+    if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();  // the part's results are written
   }
 }
 

@@ -386,6 +386,7 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
     }
     __syncthreads();
   }
+  if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();  // the part's results are written
 }
 
 }  // namespace attncc
