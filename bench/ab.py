@@ -6,7 +6,8 @@
 Both libraries get the same inputs (attncc.bench.inputs: random cache larger than L2, pages
 in random order) through the same AttnccArgs; each round times one call of A and one of B
 (CUDA events, L2 flushed before each, a spin kernel covering the enqueue), alternating which
-goes first. Prints the median of each, the ratio, and whether the outputs are bitwise equal.
+goes first. Prints the median of each, the ratio, whether the outputs are bitwise equal, and
+each build's outputs checked against attncc.reference on three sequences of the call.
 Each library is driven through the AttnccArgs of its own ABI version (1, from before strides
 and device flags, or today's), so builds from before a version change can be compared."""
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attncc import abi, bench, ops  # noqa: E402
+from attncc import abi, bench, ops, testing  # noqa: E402
 from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
 from attncc.ops import cache_list  # noqa: E402
@@ -131,10 +132,15 @@ def main(argv=None) -> int:
             times[name].append(start.elapsed_time(end) * 1e3)
     (oa, la, *_), (ob, lb, *_) = launches["A"][1], launches["B"][1]
     same = torch.equal(oa, ob) and torch.equal(la, lb)
+    # each build against the reference on a few sequences of the same call (bench's check)
+    rows = sorted({0, cfg.batch // 2, cfg.batch - 1})[:bench.CHECKED_SEQUENCES]
+    sub = bench._subset(case, rows)
+    checks = {n: testing.compare(spec, sub, launches[n][1][0][rows], launches[n][1][1][rows]) for n in libs}
     ma, mb = statistics.median(times["A"]), statistics.median(times["B"])
     flagged = [n for n in libs if launches[n][1][4] is not None and int(launches[n][1][4].item())]
     print(f"{spec.name} {cfg.label()} splits/parts {launches['A'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
-          f"B/A {mb / ma:.4f}, outputs {'bitwise equal' if same else 'DIFFER'}"
+          f"B/A {mb / ma:.4f}, outputs {'bitwise equal' if same else 'differ'}; "
+          + "; ".join(f"{n} vs reference: {'ok' if c.ok else 'WRONG'} ({c})" for n, c in checks.items())
           + (f", FLAGGED a bad value on good inputs: {flagged}" if flagged else ""))
     return 0
 

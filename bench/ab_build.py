@@ -2,7 +2,7 @@
 
     python3 bench/ab_build.py REPO TAG OUTDIR      # e.g. a worktree of c98427d as `old`, . as `new`
 
-writes OUTDIR/TAG_mla.so (MLA h_q 128), TAG_mla_h16.so (MLA h_q 16) and TAG_gla2.so (GLA-2
+writes OUTDIR/TAG_mla.so (MLA h_q 128), TAG_mla_h64.so, TAG_mla_h16.so and TAG_gla2.so (GLA-2
 h_q 128), each built by REPO's own lowering and templates; carry OUTDIR to the device."""
 import shutil
 import sys
@@ -18,8 +18,8 @@ from attncc.build import compile_source  # noqa: E402
 from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
 
-CONFIGS = (("mla", "examples/mla.attn", 128, 64), ("mla_h16", "examples/mla.attn", 16, 64),
-           ("gla2", "examples/gla2.attn", 128, 64))
+CONFIGS = (("mla", "examples/mla.attn", 128, 64), ("mla_h64", "examples/mla.attn", 64, 64),
+           ("mla_h16", "examples/mla.attn", 16, 64), ("gla2", "examples/gla2.attn", 128, 64))
 out_dir.mkdir(parents=True, exist_ok=True)
 for name, path, heads, page in CONFIGS:
     spec = bench.variant(check_spec(repo / path), heads, page)
