@@ -187,14 +187,15 @@ def test_the_cpp_rejects_a_config_it_cannot_run(tmp_path, change, message):
 @pytest.mark.parametrize("family", ["hopper", "mma_sync"])
 def test_the_combine_is_a_dependent_launch_where_the_target_has_it(family):
     """sm90a: the lowering makes the combine a programmatic dependent of the decode kernel,
-    explain says so and the source launches it through launch_combine, which sets the attribute
-    from dependent_launch<Cfg>() (the build's archs decide with the plan); sm80: no such launch."""
+    explain says so and the source launches it through CombineLaunch::launch, which sets the
+    attribute from dependent_launch<Cfg>() (the build's archs decide with the plan); sm80: no
+    such launch."""
     k = compile_quiet(REPO / "examples" / "mla.attn", family=family)
     assert k.plan.config.dependent_launch is True
     assert re.search(r"^\s+dependent_launch\s+True\s+the combine launches while", k.explain(), re.M)
     source = render(k.plan)
     assert "static constexpr bool kDependentLaunch = true;" in source
-    assert "attncc::launch_combine<Config>(attncc::combine_kernel<Config>" in source
+    assert "return err != cudaSuccess ? err : Combine::launch(a, stream);" in source
     assert "<<<Combine::blocks" not in source
     old = compile_quiet(GQA8 + "\nschedule gqa8 {\n    target sm80\n}\n")
     assert old.plan.config.dependent_launch is False

@@ -335,7 +335,8 @@ class MmaSyncFamily(Family):
         return MmaSyncConfig(
             tile_m=tile_m, tile_n=tile_n, stages=stages, threads=threads,
             smem_bytes=s["smem_bytes"], registers=regs, compute_bound=bound,
-            dependent_launch=target.dependent_launch, warps=warps, warp_rows=wr, warps_m=wm, warps_n=wn, m_tiles=mt, tokens_per_warp=tok,
+            dependent_launch=target.dependent_launch,
+            warps=warps, warp_rows=wr, warps_m=wm, warps_n=wn, m_tiles=mt, tokens_per_warp=tok,
             score_n_tiles=nts, value_cols_per_warp=cols, value_n_tiles=nto, acc_registers=acc,
             raw_staging=raw, qk_split=qk_split, qk_n_tiles=qk_n_tiles, qk_steps=qk_steps,
             qk_chains=qk_chains, pair_slot_bytes=mt * nts * 4 // 2 * 4 * 32,
@@ -350,4 +351,5 @@ class MmaSyncFamily(Family):
             row_group_barrier0=1, pair_barrier0=pair0, full_barrier0=full0,
             empty_barrier0=empty0, barriers=barriers,
             why=tuple(why) + (("registers", f"launch bounds ({threads} threads, 1 CTA): "
-                               f"{regs} per thread"), DEPENDENT_LAUNCH_WHY[target.dependent_launch]))
+                               f"{regs} per thread"),
+                              DEPENDENT_LAUNCH_WHY[target.dependent_launch]))

@@ -138,6 +138,5 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
   kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a);
   err = cudaGetLastError();
-  if (err != cudaSuccess || (a.num_splits == 1 && a.num_parts == 0)) return err;
-  return attncc::launch_combine<Config>(attncc::combine_kernel<Config>, Combine::blocks(a), Combine::kThreads, stream, a);
+  return err != cudaSuccess ? err : Combine::launch(a, stream);
 }

@@ -16,9 +16,9 @@
 // b = 1 merges 66 parts a row: 127 -> 49 us a call on the H200, decode included).
 //
 // Where the plan says so (dependent_launch<Cfg>(), common.cuh), launched as a programmatic
-// dependent of the decode kernel (launch.cuh): it reads the sequence lengths (inputs) before griddepcontrol.wait, the
-// decode kernel's partials after it, and every block waits before it exits, so that the
-// combine's grid never completes before the decode kernel's.
+// dependent of the decode kernel (CombineLaunch::launch): it reads the sequence lengths (inputs)
+// before griddepcontrol.wait, the decode kernel's partials after it, and every block waits
+// before it exits, so that the combine's grid never completes before the decode kernel's.
 #pragma once
 
 #include "attncc/abi.h"
@@ -216,6 +216,23 @@ struct CombineLaunch {
     const long long rows = static_cast<long long>(a.batch) * a.s_q * Cfg::kHeadsQ;
     const long long tasks = rows * (S::whole_rows(rows) ? 1 : S::kSlabs);
     return static_cast<unsigned>((tasks + kCombineWarps - 1) / kCombineWarps);
+  }
+  // The combine after the decode kernel on `stream`, where the call has partials to merge (split
+  // or part mode); where the plan says so, as the decode kernel's programmatic dependent (it may
+  // launch while the decode kernel's last CTAs run, and waits for their partials).
+  static cudaError_t launch(const AttnccArgs& a, cudaStream_t stream) {
+    if (a.num_splits == 1 && a.num_parts == 0) return cudaSuccess;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(blocks(a));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = dependent_launch<Cfg>() ? 1 : 0;
+    return cudaLaunchKernelEx(&config, combine_kernel<Cfg>, a);
   }
 };
 

@@ -26,7 +26,7 @@ __host__ __device__ constexpr bool built_for_dependent_launch() {
 }
 // The combine is a programmatic dependent of the decode kernel: where the plan says so
 // (kDependentLaunch) and the build has the instructions (an sm_80 build of an sm90a plan, run on
-// a GPU without them, keeps the stream's order: core/launch.cuh sets no attribute).
+// a GPU without them, keeps the stream's order: CombineLaunch::launch sets no attribute).
 template <class Cfg>
 __host__ __device__ constexpr bool dependent_launch() {
   return Cfg::kDependentLaunch && built_for_dependent_launch();

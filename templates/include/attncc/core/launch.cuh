@@ -34,24 +34,6 @@ struct DecodeLaunch {
   }
 };
 
-// The combine kernel after the decode kernel on `stream`: where the plan says so, as its
-// programmatic dependent (it may launch while the decode kernel's last CTAs run, and waits for
-// their partials with griddepcontrol.wait: combine.cuh).
-template <class Cfg>
-cudaError_t launch_combine(void (*kernel)(AttnccArgs), unsigned blocks, int threads, cudaStream_t stream, const AttnccArgs& a) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = dependent_launch<Cfg>() ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, a);
-}
-
 // A kernel's dynamic shared-memory limit, raised once per device (bit d of `devices`): the
 // attribute is a driver call, and a decode launch happens in every layer of every step.
 struct SmemLimit {

@@ -38,7 +38,7 @@ __device__ __forceinline__ void bar_arrive(int id, int threads) {
 }
 
 // ---- programmatic dependent launch (sm_90; a kernel calls these only where its plan's
-// dependent_launch<Cfg>() says the launch sequence uses it: common.cuh, core/launch.cuh)
+// dependent_launch<Cfg>() says the launch sequence uses it: common.cuh, core/combine.cuh)
 // The dependent grid may launch once every CTA of this grid has issued this or exited.
 __device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 // Wait until the grids this one depends on have completed and their memory is visible.
