@@ -37,6 +37,7 @@ CONSUMER_REGISTERS = 216  # setmaxnreg: 2 x 128 x 216 + 128 x 72 <= 65,536
 PRODUCER_REGISTERS = 72
 WORK_BYTES = 256       # the consumers' CtaWork (9 ints), then each role's part walk (12 ints)
 BARRIER_BYTES = 8      # an mbarrier
+HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +53,8 @@ class HopperConfig(KernelConfig):
     kv_tile_bytes: int
     q_off: int                # shared-memory regions, bytes from the base (1024-aligned tiles)
     kv_off: int
-    bar_off: int              # mbarriers: FULL[stage][box], EMPTY early/late[stage], FLAGS[stage]
+    bar_off: int              # mbarriers: FULL[stage][box], EMPTY early/late[stage], FLAGS[stage],
+                              # then the consumers' handoffs MAX_A, P_B, P_A
     flags_off: int            # per stage: tile_n bytes (token without a slot), then 4 words (any)
     flags_pitch: int
     rows_off: int             # row state: m, c_a, c_b, l of each warp group (floats per row)
@@ -61,9 +63,6 @@ class HopperConfig(KernelConfig):
     walk_p_off: int
     consumer_barrier: int     # named barriers: both consumer warp groups
     producer_barrier: int     # ... the producer warp group
-    max_a_barrier: int        # ... WG0's row max and c_a are in shared memory
-    p_b_barrier: int          # ... WG1's P_b, c_b and m_b are
-    p_a_barrier: int          # ... WG0's P_a (scaled by c_b) is
     barriers: int
 
 
@@ -132,8 +131,10 @@ class HopperFamily(Family):
         q_off = 0
         kv_off = q_off + boxes * TILE_M * BOX_COLS * 2
         bar_off = kv_off + STAGES * kv_tile
-        n_bars = STAGES * boxes + 3 * STAGES
-        flags_off = bar_off + n_bars * BARRIER_BYTES
+        # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs between
+        # the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
+        n_bars = STAGES * boxes + 3 * STAGES + HANDOFFS
+        flags_off = -(-(bar_off + n_bars * BARRIER_BYTES) // 16) * 16  # 16-byte loads of the words
         flags_pitch = TILE_N + 16
         rows_off = flags_off + STAGES * flags_pitch
         work_off = rows_off + 5 * TILE_M * 4
@@ -170,5 +171,4 @@ class HopperFamily(Family):
             q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
             flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,
             walk_c_off=work_off + 64, walk_p_off=work_off + 128,
-            consumer_barrier=1, producer_barrier=2, max_a_barrier=3, p_b_barrier=4,
-            p_a_barrier=5, barriers=6, why=why)
+            consumer_barrier=1, producer_barrier=2, barriers=3, why=why)

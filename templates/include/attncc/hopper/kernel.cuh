@@ -136,6 +136,7 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
     mbarrier_init(T::empty_late(sbase, s), kGroupThreads);
     mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
   }
+  for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase)}) mbarrier_init(bar, kGroupThreads);
   fence_mbarrier_init();
 }
 

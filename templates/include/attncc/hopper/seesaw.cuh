@@ -16,8 +16,12 @@
 //   O_L += P_b V_b[:, L]  (SS); release 1 late
 //
 // so both products of each tile are computed once, WG0's softmax overlaps WG1's S_b and WG1's
-// overlaps WG0's P_a V_a. Named barriers MAX_A, P_B, P_A each alternate one arrival and one
-// wait per pair, so none can be arrived at twice before it is waited on. An odd last tile has
+// overlaps WG0's P_a V_a. MAX_A, P_B and P_A are mbarriers (traits.cuh): the handing group's 128
+// threads arrive (release), the other group waits on the pair's phase (acquire), so the shared
+// row state and P pass between the groups by a handoff compute-sanitizer's racecheck can follow
+// (it does not model bar.arrive's release: bench/racecheck_probe.cu). No group can arrive at a
+// handoff twice before the other has waited on it: each arrival of pair i + 1 follows, in its
+// group, a wait that needs the other group past pair i's wait. An odd last tile has
 // no b: WG1 skips its products and passes c_b = 1. At the end l = l_L + l_R (shared) and each
 // group writes its half: out = O / l, lse = (m + log2 l) ln 2, or the partials.
 //
@@ -226,6 +230,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
 
   for (int it = 0; it < n_iter; it += 2) {
     const bool has_b = it + 1 < n_iter;
+    const int pair = uses[0] & 1;  // the handoffs' phase: one per pair (of this and earlier pieces)
     float s[32];
     float mx[2], sum[2], ca[2], cb[2];
     uint32_t pa[Cfg::kTileN / 16][4];
@@ -241,7 +246,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         m[h] = m_new;
         if (f.q == 0) rs.set_m(f.r + 8 * h, m_new), rs.set_ca(f.r + 8 * h, ca[h]);
       }
-      bar_arrive(Cfg::kMaxABarrier, 2 * kGroupThreads);  // MAX_A
+      mbarrier_arrive(T::max_a(sbase));  // MAX_A
       exponentiate<Cfg>(s, m, c, sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * ca[h] + sum[h];
@@ -249,7 +254,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       pack_p<Cfg>(s, pa);
       pv_rs<Cfg>(o, pa, stage0);  // O_L += P_a V_a[:, L]
       mbarrier_arrive(T::empty_early(sbase, 0));
-      bar_sync(Cfg::kPBBarrier, 2 * kGroupThreads);  // P_B
+      mbarrier_wait(T::p_b(sbase), pair);  // P_B
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         cb[h] = rs.cb(f.r + 8 * h);
@@ -259,7 +264,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       __syncwarp();  // the quad's reads of m_b before its first lane writes the next m_a
       store_scaled_p<Cfg>(stage0 + Cfg::kPBox * Cfg::kBoxBytes, pa, cb, f);  // P_a c_b (S_a is dead: registers)
       fence_async_shared();
-      bar_arrive(Cfg::kPABarrier, 2 * kGroupThreads);  // P_A
+      mbarrier_arrive(T::p_a(sbase));  // P_A
       scale_rows(o, cb);
       if (has_b) {
         pv_ss<Cfg>(o, stage1 + Cfg::kPBox * Cfg::kBoxBytes, stage1);  // O_L += P_b V_b[:, L]
@@ -275,7 +280,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       } else {
         mx[0] = mx[1] = -INFINITY;
       }
-      bar_sync(Cfg::kMaxABarrier, 2 * kGroupThreads);  // MAX_A
+      mbarrier_wait(T::max_a(sbase), pair);  // MAX_A
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m_a = rs.m(f.r + 8 * h);
@@ -299,13 +304,13 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
       }
       fence_async_shared();
-      bar_arrive(Cfg::kPBBarrier, 2 * kGroupThreads);  // P_B
+      mbarrier_arrive(T::p_b(sbase));  // P_B
       if (has_b) {
         pack_p<Cfg>(s, pa);
         pv_rs<Cfg>(o, pa, stage1 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_b V_b[:, R]
         mbarrier_arrive(T::empty_early(sbase, 1));
       }
-      bar_sync(Cfg::kPABarrier, 2 * kGroupThreads);  // P_A
+      mbarrier_wait(T::p_a(sbase), pair);  // P_A
       pv_ss<Cfg>(o, stage0 + Cfg::kPBox * Cfg::kBoxBytes, stage0 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_a V_a[:, R]
       mbarrier_arrive(T::empty_late(sbase, 0));
     }

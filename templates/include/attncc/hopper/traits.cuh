@@ -58,13 +58,18 @@ struct SeesawTraits {
   }
 
   // mbarriers (8 bytes each) from kBarOff: FULL[stage][box], EMPTY early[stage], EMPTY
-  // late[stage], FLAGS[stage].
+  // late[stage], FLAGS[stage], then the consumer warp groups' handoffs (seesaw.cuh), each
+  // completing once per pair of tiles when the 128 threads of the handing group have arrived.
   static constexpr int kBarOff = Cfg::kBarOff;
   __device__ static uint32_t full(uint32_t base, int stage, int box) { return base + kBarOff + 8 * (stage * kBoxes + box); }
   __device__ static uint32_t empty_early(uint32_t base, int stage) { return base + kBarOff + 8 * (kStages * kBoxes + stage); }
   __device__ static uint32_t empty_late(uint32_t base, int stage) { return base + kBarOff + 8 * (kStages * kBoxes + kStages + stage); }
   __device__ static uint32_t flags_bar(uint32_t base, int stage) { return base + kBarOff + 8 * (kStages * kBoxes + 2 * kStages + stage); }
-  static constexpr int kNumBarriers = kStages * kBoxes + 3 * kStages;
+  static constexpr int kHandoffs = kStages * kBoxes + 3 * kStages;  // the first of them
+  __device__ static uint32_t max_a(uint32_t base) { return base + kBarOff + 8 * kHandoffs; }
+  __device__ static uint32_t p_b(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 1); }
+  __device__ static uint32_t p_a(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 2); }
+  static constexpr int kNumBarriers = kHandoffs + 3;
 
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(!Cfg::kSparse, "dense caches (block table)");
@@ -81,7 +86,7 @@ struct SeesawTraits {
   static_assert(kBoxBytes == kN * 128 && kBoxBytes == kM * 128 && kKVTileBytes == kBoxes * kBoxBytes, "boxes of 128-byte rows");
   static_assert(Cfg::kQOff % 1024 == 0 && Cfg::kKVOff % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms 1024-aligned");
   static_assert(Cfg::kKVOff >= Cfg::kQOff + kBoxes * kBoxBytes && kBarOff >= Cfg::kKVOff + kStages * kKVTileBytes && kBarOff % 8 == 0 &&
-                    Cfg::kFlagsOff >= kBarOff + 8 * kNumBarriers && Cfg::kFlagsPitch >= kN + 16 && Cfg::kFlagsPitch % 16 == 0 &&
+                    Cfg::kFlagsOff >= kBarOff + 8 * kNumBarriers && Cfg::kFlagsOff % 16 == 0 && Cfg::kFlagsPitch >= kN + 16 && Cfg::kFlagsPitch % 16 == 0 &&
                     Cfg::kRowsOff >= Cfg::kFlagsOff + kStages * Cfg::kFlagsPitch && Cfg::kRowsOff % 16 == 0 &&
                     Cfg::kWorkOff >= Cfg::kRowsOff + 5 * kM * 4 && Cfg::kWalkCOff >= Cfg::kWorkOff + 9 * 4 &&
                     Cfg::kWalkPOff >= Cfg::kWalkCOff + 12 * 4 && Cfg::kSmemBytes >= Cfg::kWalkPOff + 12 * 4,
@@ -91,7 +96,8 @@ struct SeesawTraits {
                     Cfg::kConsumerRegisters % 8 == 0 && Cfg::kProducerRegisters % 8 == 0 && Cfg::kProducerRegisters >= 24 &&
                     Cfg::kConsumerRegisters <= 256 && Cfg::kRegisters * kThreads <= 65536,
                 "setmaxnreg budgets fit the register file");
-  static_assert(Cfg::kBarriers <= 16 && Cfg::kConsumerBarrier >= 1 && Cfg::kPBBarrier < Cfg::kBarriers && Cfg::kPABarrier < Cfg::kBarriers,
+  static_assert(Cfg::kBarriers <= 16 && Cfg::kConsumerBarrier >= 1 && Cfg::kProducerBarrier >= 1 &&
+                    Cfg::kConsumerBarrier < Cfg::kBarriers && Cfg::kProducerBarrier < Cfg::kBarriers,
                 "named barriers: 1 .. 15");
 };
 
