@@ -1,25 +1,27 @@
 """The Hopper family (sm_90a): warp-specialized wgmma with the seesaw schedule
 (templates/include/attncc/hopper/). Its kernel, per CTA of 64 query rows of one kv head:
 
-    producer warp group (setmaxnreg down): per KV tile, its tokens' slots (page table) and
-        validity, then cp.async of the staged record into 64-column 128B-swizzled boxes, one
-        mbarrier per box (FULL), so that S = Q K^T starts on the first box while the others land
+    producer warp group (setmaxnreg down): per KV tile, by TMA where a tile is one run of a
+        page (page % 64 == 0), else by cp.async with its tokens' slots (page table) and
+        validity, the staged record into 64-column 128B-swizzled boxes, one mbarrier per box
+        (FULL), so that S = Q K^T starts on the first box while the others land
     consumer warp groups 0 and 1 (setmaxnreg up), tiles in pairs (a in stage 0, b in stage 1):
-        WG0: S_a = Q K_a^T; max -> m_a; P_a; O_L = O_L c_a + P_a V_a[:, :256]     (wgmma SS, RS)
-        WG1: S_b = Q K_b^T; max with m_a -> m_b; P_b -> shared; O_R = O_R c_a c_b + P_b V_b[:, 256:]
-        WG0: P_a c_b -> shared; O_L = O_L c_b + P_b V_b[:, :256]                   (wgmma SS)
-        WG1: O_R += P_a V_a[:, 256:]                                                (wgmma SS)
+        WG0: S_a = Q K_a^T; max -> m_a; P_a -> shared; O_L = O_L c_a + P_a V_a[:, :256] (SS, RS)
+        WG1: S_b = Q K_b^T; max with m_a -> m_b; P_b -> shared; O_R = O_R c_a + P_a V_a[:, 256:]
+        WG0: O_L = O_L c_b + P_b V_b[:, :256]                                       (wgmma SS)
+        WG1: O_R = O_R c_b + P_b V_b[:, 256:]                                       (wgmma RS)
 
 so each warp group owns half of the 512-wide output (64 x 256 fp32: 128 registers a thread),
-no product is computed twice and one group's softmax overlaps the other's products. A stage is
-released in two halves (EMPTY early/late), as soon as its last reader of those boxes is done,
-and the second tile of a pair is read in the order its early boxes come free. P of each tile
-goes to the first key-only box of its own stage (the rope columns, read only by S = Q K^T).
+no product is computed twice and one group's softmax overlaps the other's products. Stage 0 is
+free in the middle of a pair (both groups read tile a first), so it refills while stage 1 is
+read; each stage is released in two halves (EMPTY early/late) as its readers finish. P of each
+tile goes to the first key-only box of its own stage (the rope columns, read only by S = Q K^T).
 
 This module makes every choice of that kernel and says why; the C++ only static_asserts them.
 What it does not (yet) run it refuses, and the lowering falls back to mma_sync."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..ir import Spec
@@ -45,6 +47,7 @@ class HopperConfig(KernelConfig):
     seesaw: bool              # two consumer warp groups split the output's columns
     consumer_registers: int   # setmaxnreg of the consumer warp groups ...
     producer_registers: int   # ... and of the producer
+    tma_rows: int             # tokens of one TMA copy of a box (tile_n: a tile of one page); 0: cp.async
     boxes: int                # 64-column boxes of a staged token row (= of a Q row)
     value_boxes: int          # ... of them the value's (the first)
     half_boxes: int           # ... per consumer warp group's half of the output
@@ -120,6 +123,23 @@ class HopperFamily(Family):
             raise Refusal(f"`stages {sched.stages}`: the seesaw keeps its pair of tiles, "
                           f"{STAGES} stages", sched.span_of("stages"), "stages")
 
+    @staticmethod
+    def _tma_rows(spec: Spec, layout: Layout) -> tuple[int, str]:
+        """Tokens per TMA copy of a box (0: the producer copies by cp.async), and why. Where a
+        tile's 64 tokens are one run of a page (P a multiple of 64) a box is one TMA copy; tiles
+        a copy cannot take whole (a token past the CTA's view, a bad page number) go by
+        cp.async, which zero-fills and flags those tokens. Smaller pages stay on cp.async:
+        copies of 16-row runs (page 16) measured slower than cp.async (H200, MLA h_q 128
+        s_q 1: 643 us against 592, bench/RESULTS.md, session 12)."""
+        if spec.page_size % TILE_N:
+            return 0, (f"cp.async: page {spec.page_size} splits a tile's {TILE_N} tokens over "
+                       "pages (TMA copies of the runs measured slower)")
+        if any(t.head_axis for t in layout.tensors):
+            return 0, "cp.async: a cache tensor with a head axis (its stride is the call's)"
+        return TILE_N, (f"TMA: a tile's {TILE_N} tokens are one run of a page (page "
+                        f"{spec.page_size}), a copy per box; a tile with a token outside the view "
+                        "by cp.async")
+
     def lower(self, spec: Spec, layout: Layout, target: Target) -> HopperConfig:
         if not target.wgmma:
             raise Refusal(f"needs wgmma; {target.name} has none", spec.schedule.span_of("target"))
@@ -142,6 +162,7 @@ class HopperFamily(Family):
         if smem > target.smem_per_block:
             raise Refusal(f"{smem} B of shared memory > {target.smem_per_block}", spec.span_of("key"))
         threads = 3 * GROUP_THREADS
+        tma_rows, tma_why = self._tma_rows(spec, layout)
         # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
         # the roles trade: the producer gives back what the consumers take
         registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
@@ -156,6 +177,7 @@ class HopperFamily(Family):
             ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
             ("consumer_registers", "O half (128) + S (32) + P (16) and the rest: no spills (ptxas)"),
             ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled"),
+            ("tma_rows", tma_why),
             ("compute_bound", "a 64-row tile reads each token once for 64 rows"),
             ("smem_bytes", f"Q + {STAGES} stages of {boxes} boxes + barriers <= "
              f"{target.smem_per_block} B"),
@@ -166,7 +188,7 @@ class HopperFamily(Family):
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, seesaw=True,
             consumer_registers=CONSUMER_REGISTERS, producer_registers=PRODUCER_REGISTERS,
-            boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=HALF_COLS // BOX_COLS,
+            tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=HALF_COLS // BOX_COLS,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, kv_tile_bytes=kv_tile,
             q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
             flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,

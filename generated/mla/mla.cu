@@ -47,13 +47,14 @@ struct Config {
   static constexpr int kTileN = 64;  // `tile kv`
   static constexpr int kStages = 2;  // `stages`
   static constexpr int kThreads = 384;  // a producer warp group and two consumer warp groups
-  static constexpr int kSmemBytes = 223072;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
+  static constexpr int kSmemBytes = 223104;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
   static constexpr int kRegisters = 168;  // launch bounds (384 threads, 1 CTA): 168, then setmaxnreg
   static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kSeesaw = true;  // `seesaw`
   static constexpr int kConsumerRegisters = 216;  // O half (128) + S (32) + P (16) and the rest: no spills (ptxas)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
+  static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
   static constexpr int kBoxes = 9;
   static constexpr int kValueBoxes = 8;
   static constexpr int kHalfBoxes = 4;
@@ -63,18 +64,15 @@ struct Config {
   static constexpr int kQOff = 0;
   static constexpr int kKVOff = 73728;
   static constexpr int kBarOff = 221184;
-  static constexpr int kFlagsOff = 221376;
+  static constexpr int kFlagsOff = 221408;
   static constexpr int kFlagsPitch = 80;
-  static constexpr int kRowsOff = 221536;
-  static constexpr int kWorkOff = 222816;
-  static constexpr int kWalkCOff = 222880;
-  static constexpr int kWalkPOff = 222944;
+  static constexpr int kRowsOff = 221568;
+  static constexpr int kWorkOff = 222848;
+  static constexpr int kWalkCOff = 222912;
+  static constexpr int kWalkPOff = 222976;
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kProducerBarrier = 2;
-  static constexpr int kMaxABarrier = 3;
-  static constexpr int kPBBarrier = 4;
-  static constexpr int kPABarrier = 5;
-  static constexpr int kBarriers = 6;
+  static constexpr int kBarriers = 3;
 };
 
 using Traits = attncc::hopper::SeesawTraits<Config>;  // its static_asserts check the plan
@@ -112,8 +110,11 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   static attncc::SmemLimit limits[4];  // one per kernel above
   err = limits[(a.num_parts > 0 ? 2 : 0) + (contiguous ? 1 : 0)].raise(reinterpret_cast<const void*>(kernel), Decode::kSmemBytes);
   if (err != cudaSuccess) return err;
+  attncc::hopper::TmaMaps<Config::kNumTensors> maps;  // the cache tensors for TMA (where the plan copies so)
+  err = attncc::hopper::encode_tma_maps<Config>(maps, a);
+  if (err != cudaSuccess) return err;
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
-  kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a);
+  kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a, maps);
   err = cudaGetLastError();
   return err != cudaSuccess ? err : Combine::launch(a, stream);
 }

@@ -38,6 +38,12 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// An arrival that also expects `bytes` more of asynchronous copies (TMA, complete_tx) in the
+// current phase: the phase completes when its arrivals are in and those bytes have landed.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
 // Spin until phase `parity` (0, 1, 0, ...) of the barrier has completed.
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, int parity) {
   asm volatile(

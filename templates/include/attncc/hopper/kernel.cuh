@@ -3,18 +3,17 @@
 // A CTA of three warp groups takes 64 rows of one kv head (core/work.cuh: CtaWork) for one
 // range of one sequence's KV tiles (split mode) or each piece in turn of a balanced part (part
 // mode, core/schedule.cuh):
-//   warp group 2, the producer (produce.cuh; setmaxnreg down to kProducerRegisters): slots and
-//     cp.async copies of each tile into its stage, box by box, two tiles (a pair) at a time;
+//   warp group 2, the producer (produce.cuh; setmaxnreg down to kProducerRegisters): each tile
+//     into its stage box by box, by TMA (a page-64 tile inside the view) or cp.async;
 //   warp groups 0 and 1, the consumers (seesaw.cuh; setmaxnreg up): Q into shared memory, the
 //     seesaw over the pairs, the epilogue.
 // The roles walk the same pieces independently, the producer up to two tiles ahead; their only
 // contact is the barriers of the stages (FULL per box, FLAGS, EMPTY early/late), whose phases
 // both count per stage across pieces (uses[s]).
 //
-// A stage's release, per tile: early boxes (the first kHalf of its order) when the warp group
-// that reads them last (WG0 for stage 0, WG1 for stage 1) has finished its RS product, the rest
-// when the other group's SS product is done. The producer copies, per pair: stage 0 early,
-// stage 1 early, stage 0 late, stage 1 late, each after its EMPTY wait.
+// A stage's release, per tile (seesaw.cuh): its early boxes (the value's left half) when WG0 has
+// read them last, the rest when both groups have; stage 0 in the middle of a pair, stage 1 at
+// its end. The producer copies in that order: per pair, stage 0 early and late, then stage 1.
 //
 // Runtime conditions as the mma_sync family's (host-checked in launch.cuh); registers: 168 a
 // thread at launch (384 threads, 1 CTA an SM), then kConsumerRegisters / kProducerRegisters.
@@ -50,50 +49,51 @@ struct PieceTiles {
   }
 };
 
-// The producer's part of a piece.
-template <class Cfg>
-__device__ __forceinline__ void produce(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, unsigned char* smem, int p,
-                                        int (&uses)[2]) {
+// A tile's copies into stage kStage: both groups of its boxes, each after its EMPTY wait (the
+// release of the stage's previous tile), by TMA when the plan and the tile allow it, else by
+// cp.async. The tile's page numbers are read before the first wait (in flight while it waits).
+template <class Cfg, int kStage>
+__device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile, int head,
+                                             uint32_t sbase, unsigned char* smem, int p, int parity) {
   using T = SeesawTraits<Cfg>;
+  unsigned char* flags = smem + Cfg::kFlagsOff + kStage * Cfg::kFlagsPitch;
+  if constexpr (Cfg::kTmaRows > 0) {
+    TmaTile<Cfg> tm;
+    tm.load(a, ss, tile);
+    if (tm.whole) {
+      mbarrier_wait(T::empty_early(sbase, kStage), parity);
+      TmaTile<Cfg>::write_flags(flags, p);
+      mbarrier_arrive(T::flags_bar(sbase, kStage));
+      tm.template copy_boxes<kStage, 0, T::kHalf>(maps, sbase, head, p);
+      mbarrier_wait(T::empty_late(sbase, kStage), parity);
+      tm.template copy_boxes<kStage, T::kHalf, T::kBoxes>(maps, sbase, head, p);
+      return;
+    }
+  }
+  TileTokens<Cfg> tt;
+  tt.load(a, ss, tile, p);
+  mbarrier_wait(T::empty_early(sbase, kStage), parity);
+  tt.write_flags(flags, p);
+  mbarrier_arrive(T::flags_bar(sbase, kStage));
+  copy_boxes<Cfg, kStage, 0, T::kHalf>(a, tt, sbase, head, p);
+  mbarrier_wait(T::empty_late(sbase, kStage), parity);
+  copy_boxes<Cfg, kStage, T::kHalf, T::kBoxes>(a, tt, sbase, head, p);
+}
+
+// The producer's part of a piece: its tiles in pairs, stage 0 then stage 1, the order the
+// consumers release them in (seesaw.cuh: stage 0 is free after the pair's first products).
+template <class Cfg>
+__device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const CtaWork<Cfg>& w, uint32_t sbase,
+                                        unsigned char* smem, int p, int (&uses)[2]) {
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
   SlotSource ss;
   ss.row = a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
   ss.limit = pt.cta_limit;
-  // A group's tokens are loaded before its EMPTY wait (the page-table reads in flight while it
-  // waits) and again for the late group: one TileTokens live at a time fits the producer's
-  // registers, and the second read of a tile's page numbers hits L1.
   for (int it = 0; it < pt.n_iter; it += 2) {
     const bool has_b = it + 1 < pt.n_iter;
-    const int pa = (uses[0] & 1) ^ 1, pb = (uses[1] & 1) ^ 1;  // the previous use's release
-    {
-      TileTokens<Cfg> tt;
-      tt.load(a, ss, w.tile_begin + it, p);
-      mbarrier_wait(T::empty_early(sbase, 0), pa);
-      tt.write_flags(smem + Cfg::kFlagsOff, p);
-      mbarrier_arrive(T::flags_bar(sbase, 0));
-      copy_boxes<Cfg, 0, 0, T::kHalf>(a, tt, sbase, w.head, p);
-    }
-    if (has_b) {
-      TileTokens<Cfg> tt;
-      tt.load(a, ss, w.tile_begin + it + 1, p);
-      mbarrier_wait(T::empty_early(sbase, 1), pb);
-      tt.write_flags(smem + Cfg::kFlagsOff + Cfg::kFlagsPitch, p);
-      mbarrier_arrive(T::flags_bar(sbase, 1));
-      copy_boxes<Cfg, 1, 0, T::kHalf>(a, tt, sbase, w.head, p);
-    }
-    {
-      TileTokens<Cfg> tt;
-      tt.load(a, ss, w.tile_begin + it, p);
-      mbarrier_wait(T::empty_late(sbase, 0), pa);
-      copy_boxes<Cfg, 0, T::kHalf, T::kBoxes>(a, tt, sbase, w.head, p);
-    }
-    if (has_b) {
-      TileTokens<Cfg> tt;
-      tt.load(a, ss, w.tile_begin + it + 1, p);
-      mbarrier_wait(T::empty_late(sbase, 1), pb);
-      copy_boxes<Cfg, 1, T::kHalf, T::kBoxes>(a, tt, sbase, w.head, p);
-    }
+    produce_tile<Cfg, 0>(a, maps, ss, w.tile_begin + it, w.head, sbase, smem, p, (uses[0] & 1) ^ 1);
+    if (has_b) produce_tile<Cfg, 1>(a, maps, ss, w.tile_begin + it + 1, w.head, sbase, smem, p, (uses[1] & 1) ^ 1);
     ++uses[0];
     if (has_b) ++uses[1];
   }
@@ -133,7 +133,7 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
   for (int s = 0; s < T::kStages; ++s) {
     for (int b = 0; b < T::kBoxes; ++b) mbarrier_init(T::full(sbase, s, b), kGroupThreads);
     mbarrier_init(T::empty_early(sbase, s), kGroupThreads);
-    mbarrier_init(T::empty_late(sbase, s), kGroupThreads);
+    mbarrier_init(T::empty_late(sbase, s), 2 * kGroupThreads);
     mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
   }
   for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase)}) mbarrier_init(bar, kGroupThreads);
@@ -142,7 +142,8 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
 
 // Split mode: one piece, the CTA's split.
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_constant__ AttnccArgs args) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_constant__ AttnccArgs args,
+                                                                  const __grid_constant__ TmaMaps<Cfg::kNumTensors> maps) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sbase = smem_addr(smem);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     int uses[2] = {0, 0};
-    produce<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, uses);
+    produce<Cfg>(args, maps, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, uses);
     cp_async_commit();
     cp_async_wait<0>();  // no copy in flight when the producer exits
   } else {
@@ -182,7 +183,8 @@ __device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned cha
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __grid_constant__ AttnccArgs args) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __grid_constant__ AttnccArgs args,
+                                                                        const __grid_constant__ TmaMaps<Cfg::kNumTensors> maps) {
   using W = CtaWork<Cfg>;
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     const int p = threadIdx.x - 2 * kGroupThreads;
     walk_pieces<Cfg>(args, smem + Cfg::kWalkPOff, Cfg::kProducerBarrier, kGroupThreads, p,
-                     [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, w, sbase, smem, p, uses); });
+                     [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, uses); });
     cp_async_commit();
     cp_async_wait<0>();
   } else {

@@ -1,6 +1,11 @@
 // attncc/hopper/produce.cuh: the producer warp group of the Hopper family: KV tiles from the
-// paged cache into 128B-swizzled boxes of a stage, by cp.async, for any page size.
+// paged cache into 128B-swizzled boxes of a stage, by TMA where the plan's page size allows it
+// (kTmaRows > 0: TmaTile, below) and by cp.async for any page size and any tile TMA cannot take.
 //
+// TMA: a tile whose tokens are all inside the CTA's view, in a page with a valid number, is
+// copied by one thread, a copy per box; that thread's arrival on FULL expects the box's bytes,
+// the other producer threads arrive plainly (FULL counts 128).
+// cp.async:
 // Producer thread p (0..127) copies 16-byte chunk p % 8 of every box for the tokens
 // p / 8 + 16 k, k < tile_n / 16. Its tokens are fixed for the whole tile, so it turns each into
 // a slot (page table, paging.cuh) and a byte offset in every cache tensor once per tile, and a
@@ -21,6 +26,7 @@
 #include "attncc/core/paging.cuh"
 #include "attncc/core/ptx.cuh"
 #include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/tma.cuh"
 #include "attncc/hopper/traits.cuh"
 #include "attncc/hopper/wgmma.cuh"
 
@@ -82,12 +88,54 @@ struct TileTokens {
   }
 };
 
+// A tile for TMA: its tokens are tokens [token, token + tile_n) of page `page`; `whole` when
+// every token is inside the view and the page number valid (else the tile goes by cp.async,
+// which zero-fills and flags what is not).
+template <class Cfg>
+struct TmaTile {
+  int page, token;
+  bool whole;
+
+  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile) {
+    const int pos0 = tile * Cfg::kTileN;
+    whole = pos0 + Cfg::kTileN <= ss.limit;  // then its page number is inside the row
+    page = whole ? __ldg(ss.row + pos0 / Cfg::kPageSize) : 0;
+    token = pos0 % Cfg::kPageSize;
+    whole = whole && static_cast<unsigned>(page) < static_cast<unsigned>(a.num_pages);
+  }
+
+  // The tile's flags: no token without a slot.
+  __device__ __forceinline__ static void write_flags(unsigned char* flags, int p) {
+    static_assert((Cfg::kTileN + 16) % 4 == 0, "flags in words");
+    if (p < (Cfg::kTileN + 16) / 4) reinterpret_cast<int*>(flags)[p] = 0;
+  }
+
+  // Boxes [kFrom, kTo) of stage kStage's order: thread 0 expects each box's bytes on its FULL
+  // and issues its copy, the others arrive.
+  template <int kStage, int kFrom, int kTo>
+  __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int head, int p) const {
+    using T = SeesawTraits<Cfg>;
+    static_for<kTo - kFrom>([&](auto i) {
+      constexpr int box = kFrom + decltype(i)::value;
+      constexpr Source src = Cfg::kSources[box_source<Cfg>(box)];
+      const uint32_t bar = T::full(sbase, kStage, box);
+      if (p == 0) {
+        mbarrier_arrive_expect_tx(bar, Cfg::kBoxBytes);
+        const int col = (src.offset_bytes + head * src.head_stride_bytes) / 2 + box * kBoxCols - src.smem_col;
+        tma_load_3d(sbase + Cfg::kKVOff + kStage * Cfg::kKVTileBytes + box * Cfg::kBoxBytes, &maps.map[src.tensor], col, token, page, bar);
+      } else {
+        mbarrier_arrive(bar);
+      }
+    });
+  }
+};
+
 // The boxes [kFrom, kTo) of stage kStage's order, each followed by its FULL arrival.
 template <class Cfg, int kStage, int kFrom, int kTo>
 __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, const TileTokens<Cfg>& tt, uint32_t sbase, int head, int p) {
   using T = SeesawTraits<Cfg>;
   static_for<kTo - kFrom>([&](auto i) {
-    constexpr int box = T::box_order(kStage, kFrom + decltype(i)::value);
+    constexpr int box = kFrom + decltype(i)::value;
     tt.template copy_box<box>(a, sbase + Cfg::kKVOff + kStage * Cfg::kKVTileBytes, head, p);
     cp_async_arrive(T::full(sbase, kStage, box));
   });

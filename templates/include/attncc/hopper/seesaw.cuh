@@ -5,19 +5,25 @@
 // (stage 1); with c = scale log2(e), m the running row max (shared), c_x = 2^(m_old - m_new):
 //
 //   WG0                                          WG1
-//   S_a = Q K_a^T              (wgmma SS)        S_b = Q K_b^T            (SS, stage 1's order)
+//   S_a = Q K_a^T              (wgmma SS)        S_b = Q K_b^T                       (SS)
 //   m_a = max(m, rowmax S_a c); c_a              .
 //   -> shared (m_a, c_a)              MAX_A ---> m_b = max(m_a, rowmax S_b c); c_b
 //   P_a = 2^(S_a c - m_a); l_L = l_L c_a + sum   P_b = 2^(S_b c - m_b); l_R = l_R c_a c_b + sum
-//   O_L = O_L c_a + P_a V_a[:, L] (RS)           O_R = O_R c_a c_b; P_b, c_b, m_b -> shared
-//   release stage 0's early boxes                                P_B <---
-//   P_a c_b -> shared; O_L, l_L *= c_b; m = m_b  O_R += P_b V_b[:, R]    (RS); release 1 early
-//                                      P_A ---> O_R += P_a V_a[:, R]    (SS); release 0 late
-//   O_L += P_b V_b[:, L]  (SS); release 1 late
+//   P_a -> shared                     P_A        P_b, c_b, m_b -> shared
+//   O_L = O_L c_a + P_a V_a[:, L]  (RS)    |     P_B <---
+//   release stage 0 (early)                +---> O_R = O_R c_a + P_a V_a[:, R]      (SS)
+//   O_L, l_L *= c_b; m = m_b                     release stage 0 (late)
+//   O_L += P_b V_b[:, L]  (SS); release 1        O_R = O_R c_b + P_b V_b[:, R] (RS); release 1
 //
-// so both products of each tile are computed once, WG0's softmax overlaps WG1's S_b and WG1's
-// overlaps WG0's P_a V_a. MAX_A, P_B and P_A are mbarriers (traits.cuh): the handing group's 128
-// threads arrive (release), the other group waits on the pair's phase (acquire), so the shared
+// so both products of each tile are computed once and stage 0 is free in the middle of the
+// pair: the producer refills it while stage 1 is still read, and WG0's next S_a, on a stage that
+// has landed, runs while WG1 waits for stage 1 (the groups drift half a pair apart, one's softmax
+// under the other's products). (P_a stored unscaled, at m_a, and WG1 rescaling O_R before and
+// after P_a V_a, is what lets WG1 take P_a first: P_a c_b would wait for WG1's own P_b.) A
+// stage's late group is released by both groups (EMPTY late counts 256): WG1 for the value's
+// right half, WG0 for stage 1's P box (it reads P_b there) and, for symmetry, stage 0's.
+//
+// MAX_A, P_B and P_A are mbarriers (traits.cuh): the handing group's 128 threads arrive (release), the other group waits on the pair's phase (acquire), so the shared
 // row state and P pass between the groups by a handoff compute-sanitizer's racecheck can follow
 // (it does not model bar.arrive's release: bench/racecheck_probe.cu). No group can arrive at a
 // handoff twice before the other has waited on it: each arrival of pair i + 1 follows, in its
@@ -62,7 +68,7 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t sbase, int parit
   const uint32_t q = sbase + Cfg::kQOff, kv = sbase + Cfg::kKVOff + kStage * Cfg::kKVTileBytes;
   fence();
   static_for<T::kBoxes>([&](auto i) {
-    constexpr int box = T::box_order(kStage, decltype(i)::value);
+    constexpr int box = decltype(i)::value;
     mbarrier_wait(T::full(sbase, kStage, box), parity);
     fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
 #pragma unroll
@@ -250,10 +256,14 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       exponentiate<Cfg>(s, m, c, sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * ca[h] + sum[h];
+      store_p<Cfg>(stage0 + Cfg::kPBox * Cfg::kBoxBytes, s, f);  // P_a, at m_a
+      fence_async_shared();
+      mbarrier_arrive(T::p_a(sbase));  // P_A
       scale_rows(o, ca);
       pack_p<Cfg>(s, pa);
       pv_rs<Cfg>(o, pa, stage0);  // O_L += P_a V_a[:, L]
       mbarrier_arrive(T::empty_early(sbase, 0));
+      mbarrier_arrive(T::empty_late(sbase, 0));
       mbarrier_wait(T::p_b(sbase), pair);  // P_B
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -262,12 +272,10 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         l[h] *= cb[h];
       }
       __syncwarp();  // the quad's reads of m_b before its first lane writes the next m_a
-      store_scaled_p<Cfg>(stage0 + Cfg::kPBox * Cfg::kBoxBytes, pa, cb, f);  // P_a c_b (S_a is dead: registers)
-      fence_async_shared();
-      mbarrier_arrive(T::p_a(sbase));  // P_A
       scale_rows(o, cb);
       if (has_b) {
         pv_ss<Cfg>(o, stage1 + Cfg::kPBox * Cfg::kBoxBytes, stage1);  // O_L += P_b V_b[:, L]
+        mbarrier_arrive(T::empty_early(sbase, 1));
         mbarrier_arrive(T::empty_late(sbase, 1));
       }
     } else {
@@ -290,29 +298,29 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         m[h] = m_new;
       }
       __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
-      float cab[2] = {ca[0] * cb[0], ca[1] * cb[1]};
-      scale_rows(o, cab);
       if (has_b) {
         exponentiate<Cfg>(s, m, c, sum);
         store_p<Cfg>(stage1 + Cfg::kPBox * Cfg::kBoxBytes, s, f);
+        pack_p<Cfg>(s, pa);
       } else {
         sum[0] = sum[1] = 0.f;
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        l[h] = l[h] * cab[h] + sum[h];
+        l[h] = l[h] * ca[h] * cb[h] + sum[h];
         if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
       }
       fence_async_shared();
       mbarrier_arrive(T::p_b(sbase));  // P_B
-      if (has_b) {
-        pack_p<Cfg>(s, pa);
-        pv_rs<Cfg>(o, pa, stage1 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_b V_b[:, R]
-        mbarrier_arrive(T::empty_early(sbase, 1));
-      }
+      scale_rows(o, ca);
       mbarrier_wait(T::p_a(sbase), pair);  // P_A
       pv_ss<Cfg>(o, stage0 + Cfg::kPBox * Cfg::kBoxBytes, stage0 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_a V_a[:, R]
       mbarrier_arrive(T::empty_late(sbase, 0));
+      scale_rows(o, cb);
+      if (has_b) {
+        pv_rs<Cfg>(o, pa, stage1 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_b V_b[:, R]
+        mbarrier_arrive(T::empty_late(sbase, 1));
+      }
     }
     ++uses[0];
     if (has_b) ++uses[1];

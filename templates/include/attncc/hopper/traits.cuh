@@ -50,12 +50,8 @@ struct SeesawTraits {
   static constexpr int kHalfCols = kHalf * kBoxCols;    // output columns per consumer warp group
   static constexpr int kAcc = kHalfCols / 2;            // its accumulator registers (64 x N fp32 / 128)
 
-  // The order the boxes of stage s are loaded and read in: stage 0 (tile a) from box 0, stage 1
-  // (tile b) from the right half of the value, which its first release (after P_b V_b[:, R])
-  // frees first. The first kHalf boxes of either order are its early group (EMPTY early).
-  __host__ __device__ static constexpr int box_order(int stage, int i) {
-    return stage == 0 ? i : (i < kHalf ? kHalf + i : i < 2 * kHalf ? i - kHalf : i);
-  }
+  // A stage's boxes are loaded and read in order; boxes [0, kHalf) are its early group (EMPTY
+  // early: the value's left half, which WG0 reads last), the rest its late group (EMPTY late).
 
   // mbarriers (8 bytes each) from kBarOff: FULL[stage][box], EMPTY early[stage], EMPTY
   // late[stage], FLAGS[stage], then the consumer warp groups' handoffs (seesaw.cuh), each
@@ -73,6 +69,7 @@ struct SeesawTraits {
 
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(!Cfg::kSparse, "dense caches (block table)");
+  static_assert(Cfg::kTmaRows == 0 || (Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0), "a TMA copy of a box: a tile of one page");
   static_assert(Cfg::kSeesaw && kStages == 2, "the seesaw: a pair of tiles in two stages");
   static_assert(kM == 64 && kN == 64, "64 rows (one wgmma M) x 64 tokens (a P tile is one box)");
   static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
