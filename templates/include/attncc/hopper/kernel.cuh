@@ -49,35 +49,20 @@ struct PieceTiles {
   }
 };
 
-// A tile's copies into stage kStage: both groups of its boxes, each after its EMPTY wait (the
-// release of the stage's previous tile), by TMA when the plan and the tile allow it, else by
-// cp.async. The tile's page numbers are read before the first wait (in flight while it waits).
+// A tile's copies into stage kStage: by TMA when the plan and the tile allow it, else by
+// cp.async. The tile's page numbers are read before the first EMPTY wait (in flight while it
+// waits).
 template <class Cfg, int kStage>
 __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile, int head,
                                              uint32_t sbase, unsigned char* smem, int p, int parity) {
-  using T = SeesawTraits<Cfg>;
-  unsigned char* flags = smem + Cfg::kFlagsOff + kStage * Cfg::kFlagsPitch;
   if constexpr (Cfg::kTmaRows > 0) {
     TmaTile<Cfg> tm;
     tm.load(a, ss, tile);
-    if (tm.whole) {
-      mbarrier_wait(T::empty_early(sbase, kStage), parity);
-      TmaTile<Cfg>::write_flags(flags, p);
-      mbarrier_arrive(T::flags_bar(sbase, kStage));
-      tm.template copy_boxes<kStage, 0, T::kHalf>(maps, sbase, head, p);
-      mbarrier_wait(T::empty_late(sbase, kStage), parity);
-      tm.template copy_boxes<kStage, T::kHalf, T::kBoxes>(maps, sbase, head, p);
-      return;
-    }
+    if (tm.whole) return fill_stage<Cfg, kStage>(tm, maps, sbase, smem, head, p, parity);
   }
   TileTokens<Cfg> tt;
   tt.load(a, ss, tile, p);
-  mbarrier_wait(T::empty_early(sbase, kStage), parity);
-  tt.write_flags(flags, p);
-  mbarrier_arrive(T::flags_bar(sbase, kStage));
-  copy_boxes<Cfg, kStage, 0, T::kHalf>(a, tt, sbase, head, p);
-  mbarrier_wait(T::empty_late(sbase, kStage), parity);
-  copy_boxes<Cfg, kStage, T::kHalf, T::kBoxes>(a, tt, sbase, head, p);
+  fill_stage<Cfg, kStage>(tt, a, sbase, smem, head, p, parity);
 }
 
 // The producer's part of a piece: its tiles in pairs, stage 0 then stage 1, the order the

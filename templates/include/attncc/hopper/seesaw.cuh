@@ -23,9 +23,10 @@
 // stage's late group is released by both groups (EMPTY late counts 256): WG1 for the value's
 // right half, WG0 for stage 1's P box (it reads P_b there) and, for symmetry, stage 0's.
 //
-// MAX_A, P_B and P_A are mbarriers (traits.cuh): the handing group's 128 threads arrive (release), the other group waits on the pair's phase (acquire), so the shared
-// row state and P pass between the groups by a handoff compute-sanitizer's racecheck can follow
-// (it does not model bar.arrive's release: bench/racecheck_probe.cu). No group can arrive at a
+// MAX_A, P_B and P_A are mbarriers (traits.cuh): the handing group's 128 threads arrive
+// (release), the other group waits on the pair's phase (acquire), so the shared row state and P
+// pass between the groups by a handoff compute-sanitizer's racecheck can follow (it does not
+// model bar.arrive's release: bench/racecheck_probe.cu). No group can arrive at a
 // handoff twice before the other has waited on it: each arrival of pair i + 1 follows, in its
 // group, a wait that needs the other group past pair i's wait. An odd last tile has
 // no b: WG1 skips its products and passes c_b = 1. At the end l = l_L + l_R (shared) and each
@@ -65,7 +66,7 @@ struct Frag {
 template <class Cfg, int kStage>
 __device__ __forceinline__ void scores(float (&s)[32], uint32_t sbase, int parity) {
   using T = SeesawTraits<Cfg>;
-  const uint32_t q = sbase + Cfg::kQOff, kv = sbase + Cfg::kKVOff + kStage * Cfg::kKVTileBytes;
+  const uint32_t q = sbase + Cfg::kQOff, kv = T::stage_box(sbase, kStage, 0);
   fence();
   static_for<T::kBoxes>([&](auto i) {
     constexpr int box = decltype(i)::value;
@@ -156,20 +157,6 @@ __device__ __forceinline__ void store_p(uint32_t box, const float (&p)[32], cons
     for (int h = 0; h < 2; ++h) sts32(box + sw128(f.r + 8 * h, i) + 4 * f.q, E::pack(p[4 * i + 2 * h], p[4 * i + 2 * h + 1]));
 }
 
-// P c (per row) into a box as store_p does, from P's RS registers: the fp32 scores need not
-// stay live through the product that reads those registers.
-template <class Cfg>
-__device__ __forceinline__ void store_scaled_p(uint32_t box, const uint32_t (&a)[Cfg::kTileN / 16][4], const float (&c)[2], const Frag& f) {
-  using E = Elem16<Cfg::kElem>;
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float2 v = E::unpack(a[kk][r]);
-      sts32(box + sw128(f.r + 8 * (r & 1), 2 * kk + (r >> 1)) + 4 * f.q, E::pack(v.x * c[r & 1], v.y * c[r & 1]));
-    }
-}
-
 // O += P V over one half (box0: its first box) of a stage's value, P from registers.
 template <class Cfg, int kAcc>
 __device__ __forceinline__ void pv_rs(float (&o)[kAcc], const uint32_t (&a)[Cfg::kTileN / 16][4], uint32_t box0) {
@@ -217,7 +204,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
   const Frag f(t);
   static_assert(Cfg::kTileM == RowState::kRows, "row state of 64 rows");
   const RowState rs(sbase + Cfg::kRowsOff);
-  const uint32_t stage0 = sbase + Cfg::kKVOff, stage1 = stage0 + Cfg::kKVTileBytes;
+  const uint32_t p_box_a = T::stage_box(sbase, 0, T::kPBox), p_box_b = T::stage_box(sbase, 1, T::kPBox);  // P_a, P_b
   const int s_q = a.s_q;
 
   float o[kAcc];
@@ -256,12 +243,12 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       exponentiate<Cfg>(s, m, c, sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * ca[h] + sum[h];
-      store_p<Cfg>(stage0 + Cfg::kPBox * Cfg::kBoxBytes, s, f);  // P_a, at m_a
+      store_p<Cfg>(p_box_a, s, f);  // P_a, at m_a
       fence_async_shared();
       mbarrier_arrive(T::p_a(sbase));  // P_A
       scale_rows(o, ca);
       pack_p<Cfg>(s, pa);
-      pv_rs<Cfg>(o, pa, stage0);  // O_L += P_a V_a[:, L]
+      pv_rs<Cfg>(o, pa, T::stage_box(sbase, 0, 0));  // O_L += P_a V_a[:, L]
       mbarrier_arrive(T::empty_early(sbase, 0));
       mbarrier_arrive(T::empty_late(sbase, 0));
       mbarrier_wait(T::p_b(sbase), pair);  // P_B
@@ -274,7 +261,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       __syncwarp();  // the quad's reads of m_b before its first lane writes the next m_a
       scale_rows(o, cb);
       if (has_b) {
-        pv_ss<Cfg>(o, stage1 + Cfg::kPBox * Cfg::kBoxBytes, stage1);  // O_L += P_b V_b[:, L]
+        pv_ss<Cfg>(o, p_box_b, T::stage_box(sbase, 1, 0));  // O_L += P_b V_b[:, L]
         mbarrier_arrive(T::empty_early(sbase, 1));
         mbarrier_arrive(T::empty_late(sbase, 1));
       }
@@ -300,7 +287,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
       if (has_b) {
         exponentiate<Cfg>(s, m, c, sum);
-        store_p<Cfg>(stage1 + Cfg::kPBox * Cfg::kBoxBytes, s, f);
+        store_p<Cfg>(p_box_b, s, f);
         pack_p<Cfg>(s, pa);
       } else {
         sum[0] = sum[1] = 0.f;
@@ -314,11 +301,11 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       mbarrier_arrive(T::p_b(sbase));  // P_B
       scale_rows(o, ca);
       mbarrier_wait(T::p_a(sbase), pair);  // P_A
-      pv_ss<Cfg>(o, stage0 + Cfg::kPBox * Cfg::kBoxBytes, stage0 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_a V_a[:, R]
+      pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, 0, T::kHalf));  // O_R += P_a V_a[:, R]
       mbarrier_arrive(T::empty_late(sbase, 0));
       scale_rows(o, cb);
       if (has_b) {
-        pv_rs<Cfg>(o, pa, stage1 + T::kHalf * Cfg::kBoxBytes);  // O_R += P_b V_b[:, R]
+        pv_rs<Cfg>(o, pa, T::stage_box(sbase, 1, T::kHalf));  // O_R += P_b V_b[:, R]
         mbarrier_arrive(T::empty_late(sbase, 1));
       }
     }

@@ -6,8 +6,8 @@
 // at the call's token and page strides (abi.h: multiples of 16 bytes, a 16-byte aligned base),
 // copied in boxes of { 64 columns, kTmaRows (= tile_n) tokens, 1 page } with the 128-byte
 // swizzle: a box lands in a stage's box (1024-byte aligned) exactly as the consumers' wgmma
-// descriptors read it (sw128). The maps are built by the host per
-// launch (a pure host function, no device work) and passed as a __grid_constant__ parameter.
+// descriptors read it (sw128). The maps are built by the host per launch (a pure host
+// function, no device work) and passed as a __grid_constant__ parameter.
 #pragma once
 
 #include <cuda.h>
@@ -18,6 +18,7 @@
 
 #include "attncc/abi.h"
 #include "attncc/core/common.cuh"
+#include "attncc/hopper/traits.cuh"
 
 namespace attncc {
 namespace hopper {
@@ -49,7 +50,7 @@ cudaError_t encode_tma_maps(TmaMaps<Cfg::kNumTensors>& maps, const AttnccArgs& a
       const cuuint64_t dims[3] = {static_cast<cuuint64_t>(Cfg::kTokenStride[t] / 2), static_cast<cuuint64_t>(Cfg::kPageSize),
                                   static_cast<cuuint64_t>(a.num_pages > 0 ? a.num_pages : 1)};
       const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.token_stride[t]), static_cast<cuuint64_t>(a.page_stride[t])};
-      const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(Cfg::kTmaRows), 1};
+      const cuuint32_t box[3] = {kBoxCols, static_cast<cuuint32_t>(Cfg::kTmaRows), 1};
       const cuuint32_t element_strides[3] = {1, 1, 1};
       const CUresult r = encode_tiled(&maps.map[t], type, 3, const_cast<void*>(a.tensors[t]), dims, strides, box, element_strides,
                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

@@ -52,6 +52,8 @@ struct SeesawTraits {
 
   // A stage's boxes are loaded and read in order; boxes [0, kHalf) are its early group (EMPTY
   // early: the value's left half, which WG0 reads last), the rest its late group (EMPTY late).
+  // Box b of stage s, in shared memory:
+  __device__ static uint32_t stage_box(uint32_t base, int s, int b) { return base + Cfg::kKVOff + s * kKVTileBytes + b * kBoxBytes; }
 
   // mbarriers (8 bytes each) from kBarOff: FULL[stage][box], EMPTY early[stage], EMPTY
   // late[stage], FLAGS[stage], then the consumer warp groups' handoffs (seesaw.cuh), each
