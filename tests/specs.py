@@ -19,6 +19,17 @@ def mla(page=64, heads=128, sq=2, causal=True, extra="", elem="bf16"):
 {extra}"""
 
 
+def gla(name, heads, kv, page=64, latent=256, sq=2, causal=True):
+    """A GLA-shaped spec: a latent per kv head (key and value), one rope shared by them."""
+    return f"""attention {name} {{
+    heads q = {heads}, kv = {kv}
+    cache paged({page}) {{ latent: bf16[{latent}]  rope: bf16[64] shared }}
+    key = latent ++ rope
+    value = latent
+    query len <= {sq}{' causal' if causal else ''}
+}}"""
+
+
 EXTRA = {
     "gqa4_d64": """attention gqa4_d64 {
     heads q = 16, kv = 4
@@ -33,13 +44,7 @@ EXTRA = {
     key = k
     value = v
 }""",
-    "gla4": """attention gla4 {
-    heads q = 64, kv = 4
-    cache paged(64) { latent: bf16[128]  rope: bf16[64] shared }
-    key = latent ++ rope
-    value = latent
-    query len <= 2 causal
-}""",
+    "gla4": gla("gla4", heads=64, kv=4, latent=128),
     "gta2_d256": """attention gta2_d256 {
     heads q = 16, kv = 2
     cache paged(16) { tied: bf16[256]  rope: bf16[128] shared }
@@ -54,6 +59,10 @@ EXTRA = {
     "mla_page1_h128": mla(page=1, heads=128),
     "mla_page5_h64": mla(page=5, heads=64),
     "mla_page64_h64": mla(page=64, heads=64, sq=1, causal=False),
+    # ... and GLA-shaped values on it: 256 wide (halves of 128) at page 5 (cp.async), 128 wide
+    # (halves of 64) at page 64 (TMA); the rope shared by the kv heads
+    "gla2_page5": gla("gla2_page5", heads=128, kv=2, page=5),
+    "gla2_d128": gla("gla2_d128", heads=128, kv=2, latent=128, sq=1, causal=False),
     "mla_fp8_per64": """attention mla_fp8_per64 {
     heads q = 32, kv = 1
     cache paged(64) {

@@ -615,6 +615,13 @@ def test_the_hopper_family_picks_the_seesaw_without_the_knob_and_says_so():
     assert re.search(r"^\s+seesaw\s+True\s+chosen: a 512-wide value splits", k.explain(), re.M)
 
 
+def test_the_hopper_family_takes_gla2_with_halves_of_128_and_explains_them():
+    k = attncc.compile(REPO / "examples" / "gla2.attn")
+    assert k.plan.family == "hopper" and k.plan.config.half_boxes == 2 and k.plan.config.p_box == 4
+    assert re.search(r"^\s+seesaw\s+True\s+chosen: a 256-wide value splits into two 128-column halves",
+                     k.explain(), re.M)
+
+
 @pytest.mark.parametrize("heads, sq, causal", [(64, 2, True), (128, 1, False)])
 def test_the_hopper_family_takes_mla_with_a_group_of_64_or_more(heads, sq, causal):
     assert attncc.compile(mla(heads=heads, sq=sq, causal=causal)).plan.family == "hopper"
@@ -644,7 +651,8 @@ def test_the_hopper_family_refusals_name_the_knob_and_the_limit():
     assert k.plan.family == "mma_sync"
     assert "`tile q = 32, kv = 64`: the seesaw runs 64 x 64" in dict(k.plan.refused)["hopper"]
     for spec, words in ((mla(heads=128, elem="fp16"), "runs bf16 records"),
-                        (REPO / "examples" / "gla2.attn", "512-wide value"),
+                        ("attention wide {\n    heads q = 128, kv = 1\n    cache paged(64) { latent: bf16[384]  rope: bf16[64] }\n"
+                         "    key = latent ++ rope\n    value = latent\n}\n", "this value is 384 wide"),
                         (EXTRA["mla_fp8_per64"], "fp8 records"),
                         (REPO / "examples" / "mla_fp8_sparse.attn", "does not apply `crossover`")):
         with warnings.catch_warnings():

@@ -11,7 +11,7 @@
         WG0: O_L = O_L c_b + P_b V_b[:, :256]                                       (wgmma SS)
         WG1: O_R = O_R c_b + P_b V_b[:, 256:]                                       (wgmma RS)
 
-so each warp group owns half of the 512-wide output (64 x 256 fp32: 128 registers a thread),
+so each warp group owns half of the output (MLA's 512: 64 x 256 fp32, 128 registers a thread),
 no product is computed twice and one group's softmax overlaps the other's products. Stage 0 is
 free in the middle of a pair (both groups read tile a first), so it refills while stage 1 is
 read; each stage is released in two halves (EMPTY early/late) as its readers finish. P of each
@@ -33,7 +33,7 @@ BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a ro
 TILE_M = 64            # query rows of a CTA: one wgmma M per consumer warp group
 TILE_N = 64            # tokens of a KV tile (a P tile is then one box)
 STAGES = 2             # the seesaw's two tiles in flight
-HALF_COLS = 256        # output columns per consumer warp group (wgmma N 256)
+HALF_COLS = (64, 128, 256)  # output columns a consumer warp group may own (a wgmma N of whole boxes)
 GROUP_THREADS = 128    # a warp group
 CONSUMER_REGISTERS = 216  # setmaxnreg: 2 x 128 x 216 + 128 x 72 <= 65,536
 PRODUCER_REGISTERS = 72
@@ -76,7 +76,7 @@ class HopperFamily(Family):
     honours = frozenset({"tile", "stages", "seesaw"})
     tolerates = frozenset()
     template = "hopper/decode.cu.j2"
-    limits = ("value 512 wide (the seesaw's two halves of 256), key = value ++ more, on "
+    limits = ("value 128, 256 or 512 wide (the seesaw's two halves), key = value ++ more, on "
               "64-column boxes", "bf16, dense (block table), 16-bit runs",
               f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",
               f"tile q = {TILE_M}, kv = {TILE_N}, {STAGES} stages")
@@ -91,9 +91,10 @@ class HopperFamily(Family):
         if spec.sparse:
             raise Refusal("sparse top-k runs on the mma_sync family (Hopper sparse comes "
                           "later)", spec.span_of("tokens"))
-        if spec.d_v != 2 * HALF_COLS:
-            raise Refusal(f"the seesaw splits a 512-wide value in two halves of {HALF_COLS}; "
-                          f"this value is {spec.d_v} wide", spec.span_of("value"))
+        if spec.d_v % 2 or spec.d_v // 2 not in HALF_COLS:
+            raise Refusal(f"the seesaw splits the value into two halves of {', '.join(map(str, HALF_COLS))} "
+                          f"columns (a wgmma N of whole boxes); this value is {spec.d_v} wide",
+                          spec.span_of("value"))
         if tuple(layout.value_runs) != ((0, spec.d_v),) or tuple(layout.key_runs) != ((0, spec.d_k),):
             raise Refusal("needs the value to be the first staged columns and the key all of "
                           "them (key = value ++ more)", spec.span_of("key"))
@@ -172,10 +173,11 @@ class HopperFamily(Family):
             ("stages", "`stages`" if sched.stages else "the seesaw's pair of tiles"),
             ("threads", "a producer warp group and two consumer warp groups"),
             ("seesaw", "`seesaw`" if sched.seesaw else
-             f"chosen: a {spec.d_v}-wide value splits into two {HALF_COLS}-column halves, one "
+             f"chosen: a {spec.d_v}-wide value splits into two {spec.d_v // 2}-column halves, one "
              "per consumer warp group"),
             ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
-            ("consumer_registers", "O half (128) + S (32) + P (16) and the rest: no spills (ptxas)"),
+            ("consumer_registers", f"O half ({spec.d_v // 4}) + S (32) + P (16) and the rest: no "
+             "spills (ptxas)"),
             ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled"),
             ("tma_rows", tma_why),
             ("compute_bound", "a 64-row tile reads each token once for 64 rows"),
@@ -188,7 +190,7 @@ class HopperFamily(Family):
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, seesaw=True,
             consumer_registers=CONSUMER_REGISTERS, producer_registers=PRODUCER_REGISTERS,
-            tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=HALF_COLS // BOX_COLS,
+            tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=spec.d_v // 2 // BOX_COLS,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, kv_tile_bytes=kv_tile,
             q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
             flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,

@@ -75,8 +75,9 @@ struct SeesawTraits {
   static_assert(Cfg::kSeesaw && kStages == 2, "the seesaw: a pair of tiles in two stages");
   static_assert(kM == 64 && kN == 64, "64 rows (one wgmma M) x 64 tokens (a P tile is one box)");
   static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
-  static_assert(Cfg::kDK == kBoxes * kBoxCols && Cfg::kDV == kValueBoxes * kBoxCols && kValueBoxes == 2 * kHalf && kHalfCols == 256,
-                "key of whole boxes; value of two halves of 256 columns (wgmma N 256)");
+  static_assert(Cfg::kDK == kBoxes * kBoxCols && Cfg::kDV == kValueBoxes * kBoxCols && kValueBoxes == 2 * kHalf &&
+                    (kHalfCols == 64 || kHalfCols == 128 || kHalfCols == 256),
+                "key of whole boxes; value of two halves of 64, 128 or 256 columns (a wgmma N)");
   static_assert(Cfg::kNumKeyRuns == 1 && Cfg::kKeyRuns[0].col == 0 && Cfg::kKeyRuns[0].width == Cfg::kDK &&
                     Cfg::kNumValueRuns == 1 && Cfg::kValueRuns[0].col == 0 && Cfg::kValueRuns[0].width == Cfg::kDV,
                 "key = all staged columns, value = the first d_v");
