@@ -70,7 +70,7 @@ def test_check_each_example(capsys, example):
     rc, out, err = run(capsys, "check", f"examples/{example}")
     assert rc == 0
     assert err == ""
-    family = "hopper" if name == "mla" else "mma_sync"  # the seesaw takes MLA's 128-head group
+    family = "hopper" if name in ("mla", "gla2") else "mma_sync"  # the seesaw takes their groups of 128 and 64 heads
     assert out == (f"examples/{example}: ok ({name}: d_k {d_k}, d_v {d_v}, {record} bytes/token; "
                    f"family {family})\n")
 
