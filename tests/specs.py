@@ -19,7 +19,7 @@ def mla(page=64, heads=128, sq=2, causal=True, extra="", elem="bf16"):
 {extra}"""
 
 
-def gla(name, heads, kv, page=64, latent=256, sq=2, causal=True):
+def gla(name, heads, kv, page=64, latent=256, sq=2, causal=True, extra=""):
     """A GLA-shaped spec: a latent per kv head (key and value), one rope shared by them."""
     return f"""attention {name} {{
     heads q = {heads}, kv = {kv}
@@ -27,7 +27,8 @@ def gla(name, heads, kv, page=64, latent=256, sq=2, causal=True):
     key = latent ++ rope
     value = latent
     query len <= {sq}{' causal' if causal else ''}
-}}"""
+}}
+{extra}"""
 
 
 EXTRA = {

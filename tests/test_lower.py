@@ -22,7 +22,7 @@ from attncc.lower import Plan, UnsupportedSpec
 from attncc.split import DecodeMetadata, num_splits
 from attncc.target import TARGETS
 
-from specs import EXTRA, mla
+from specs import EXTRA, gla, mla
 from support import compile_quiet
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,7 +115,8 @@ def assert_hopper_legal(plan: Plan) -> None:
     """Every constraint the Hopper kernel states (hopper/traits.cuh's static_asserts)."""
     cfg, lay = plan.config, plan.layout
     assert plan.elem == "bf16" and not plan.sparse and not lay.fp8
-    assert (cfg.tile_m, cfg.tile_n, cfg.stages, cfg.threads) == (64, 64, 2, 384) and cfg.seesaw
+    assert (cfg.tile_m, cfg.tile_n, cfg.threads) == (64, 64, 384) and cfg.seesaw
+    assert cfg.stages >= 2 and cfg.stages % 2 == 0  # sets of a pair's two stages
     assert plan.d_k == 64 * cfg.boxes and plan.d_v == 64 * cfg.value_boxes == 128 * cfg.half_boxes
     assert lay.key_runs == ((0, plan.d_k),) and lay.value_runs == ((0, plan.d_v),)
     assert cfg.value_boxes <= cfg.p_box < cfg.boxes and plan.group >= 64
@@ -123,10 +124,10 @@ def assert_hopper_legal(plan: Plan) -> None:
         assert s.smem_col % 64 == 0 and s.width % 64 == 0
     assert cfg.box_bytes == 64 * 128 and cfg.kv_tile_bytes == cfg.boxes * cfg.box_bytes
     assert cfg.q_off % 1024 == 0 and cfg.kv_off == cfg.q_off + cfg.boxes * cfg.box_bytes
-    assert cfg.bar_off == cfg.kv_off + 2 * cfg.kv_tile_bytes
-    assert cfg.flags_off >= cfg.bar_off + 8 * (2 * cfg.boxes + 6 + 3) and cfg.flags_off % 16 == 0
+    assert cfg.bar_off == cfg.kv_off + cfg.stages * cfg.kv_tile_bytes
+    assert cfg.flags_off >= cfg.bar_off + 8 * (cfg.stages * (cfg.boxes + 3) + 3) and cfg.flags_off % 16 == 0
     assert cfg.flags_pitch >= 80
-    assert cfg.rows_off >= cfg.flags_off + 2 * cfg.flags_pitch and cfg.rows_off % 16 == 0
+    assert cfg.rows_off >= cfg.flags_off + cfg.stages * cfg.flags_pitch and cfg.rows_off % 16 == 0
     assert cfg.work_off >= cfg.rows_off + 5 * 64 * 4 and cfg.smem_bytes <= TARGETS[plan.target].smem_per_block
     assert 256 * cfg.consumer_registers + 128 * cfg.producer_registers <= 65536
     assert len({cfg.consumer_barrier, cfg.producer_barrier}) == 2 and 0 not in (
@@ -643,6 +644,32 @@ def test_the_hopper_family_copies_by_tma_where_a_tile_is_one_run_of_a_page(page,
     k = attncc.compile(mla(page=page))
     assert k.plan.family == "hopper" and k.plan.config.tma_rows == rows
     assert re.search(r"^\s+tma_rows\s+" + str(rows) + r"\s+" + re.escape(words), k.explain(), re.M)
+
+
+def test_the_hopper_family_keeps_two_pairs_of_tiles_in_flight_where_they_fit():
+    gla2 = attncc.compile(REPO / "examples" / "gla2.attn")  # Q 40 KB + 4 stages of 40 KB
+    assert gla2.plan.family == "hopper" and gla2.plan.config.stages == 4
+    assert re.search(r"^\s+stages\s+4\s+2 sets of a pair's 2 stages: the producer runs up to two pairs ahead",
+                     gla2.explain(), re.M)
+    mla_ = attncc.compile(mla())  # Q 72 KB + 2 stages of 72 KB: no room for a second set
+    assert mla_.plan.family == "hopper" and mla_.plan.config.stages == 2
+    assert re.search(r"^\s+stages\s+2\s+1 set of a pair's 2 stages: a second set \(4 x 73728 B\) does not fit",
+                     mla_.explain(), re.M)
+    for text, stages in ((gla("g", heads=128, kv=2, extra="schedule g {\n    stages 2\n}\n"), 2),):
+        k = attncc.compile(text)
+        assert k.plan.family == "hopper" and k.plan.config.stages == stages
+        assert re.search(r"^\s+stages\s+2\s+`stages`", k.explain(), re.M)
+
+
+@pytest.mark.parametrize("stages, words", [(3, "`stages 3`: the seesaw keeps pairs of tiles in sets of 2 stages"),
+                                           (6, "shared memory (Q and 6 stages of 40960 B)")])
+def test_the_hopper_family_refuses_stages_it_cannot_keep_at_the_knob(stages, words):
+    text = gla("g", heads=128, kv=2, extra=f"schedule g {{\n    stages {stages}\n}}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        k = attncc.compile(text)
+    assert k.plan.family == "mma_sync"
+    assert words in dict(k.plan.refused)["hopper"], dict(k.plan.refused)["hopper"]
 
 
 def test_the_hopper_family_refusals_name_the_knob_and_the_limit():

@@ -5,15 +5,16 @@
         page (page % 64 == 0), else by cp.async with its tokens' slots (page table) and
         validity, the staged record into 64-column 128B-swizzled boxes, one mbarrier per box
         (FULL), so that S = Q K^T starts on the first box while the others land
-    consumer warp groups 0 and 1 (setmaxnreg up), tiles in pairs (a in stage 0, b in stage 1):
+    consumer warp groups 0 and 1 (setmaxnreg up), tiles in pairs (a and b, in the two stages of
+    a set; two sets where shared memory holds them, so the next pair lands while one is read):
         WG0: S_a = Q K_a^T; max -> m_a; P_a -> shared; O_L = O_L c_a + P_a V_a[:, :256] (SS, RS)
         WG1: S_b = Q K_b^T; max with m_a -> m_b; P_b -> shared; O_R = O_R c_a + P_a V_a[:, 256:]
         WG0: O_L = O_L c_b + P_b V_b[:, :256]                                       (wgmma SS)
         WG1: O_R = O_R c_b + P_b V_b[:, 256:]                                       (wgmma RS)
 
 so each warp group owns half of the output (MLA's 512: 64 x 256 fp32, 128 registers a thread),
-no product is computed twice and one group's softmax overlaps the other's products. Stage 0 is
-free in the middle of a pair (both groups read tile a first), so it refills while stage 1 is
+no product is computed twice and one group's softmax overlaps the other's products. Stage a is
+free in the middle of a pair (both groups read tile a first), so it refills while stage b is
 read; each stage is released in two halves (EMPTY early/late) as its readers finish. P of each
 tile goes to the first key-only box of its own stage (the rope columns, read only by S = Q K^T).
 
@@ -32,7 +33,8 @@ from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA: one wgmma M per consumer warp group
 TILE_N = 64            # tokens of a KV tile (a P tile is then one box)
-STAGES = 2             # the seesaw's two tiles in flight
+PAIR_STAGES = 2        # a pair of tiles, the seesaw's unit, in two stages
+MAX_SETS = 2           # sets of a pair's stages in flight where shared memory holds them
 HALF_COLS = (64, 128, 256)  # output columns a consumer warp group may own (a wgmma N of whole boxes)
 GROUP_THREADS = 128    # a warp group
 CONSUMER_REGISTERS = 216  # setmaxnreg: 2 x 128 x 216 + 128 x 72 <= 65,536
@@ -79,7 +81,7 @@ class HopperFamily(Family):
     limits = ("value 128, 256 or 512 wide (the seesaw's two halves), key = value ++ more, on "
               "64-column boxes", "bf16, dense (block table), 16-bit runs",
               f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",
-              f"tile q = {TILE_M}, kv = {TILE_N}, {STAGES} stages")
+              f"tile q = {TILE_M}, kv = {TILE_N}, stages a multiple of {PAIR_STAGES} (pairs of tiles)")
 
     def _check(self, spec: Spec, layout: Layout) -> None:
         sched = spec.schedule
@@ -120,9 +122,9 @@ class HopperFamily(Family):
         if sched.tile_q is not None and (sched.tile_q, sched.tile_kv) != (TILE_M, TILE_N):
             raise Refusal(f"`tile q = {sched.tile_q}, kv = {sched.tile_kv}`: the seesaw runs "
                           f"{TILE_M} x {TILE_N}", sched.span_of("tile"), "tile")
-        if sched.stages is not None and sched.stages != STAGES:
-            raise Refusal(f"`stages {sched.stages}`: the seesaw keeps its pair of tiles, "
-                          f"{STAGES} stages", sched.span_of("stages"), "stages")
+        if sched.stages is not None and sched.stages % PAIR_STAGES:
+            raise Refusal(f"`stages {sched.stages}`: the seesaw keeps pairs of tiles in sets of "
+                          f"{PAIR_STAGES} stages", sched.span_of("stages"), "stages")
 
     @staticmethod
     def _tma_rows(spec: Spec, layout: Layout) -> tuple[int, str]:
@@ -149,19 +151,42 @@ class HopperFamily(Family):
         boxes = spec.d_k // BOX_COLS
         box_bytes = TILE_N * BOX_COLS * 2
         kv_tile = boxes * box_bytes
-        q_off = 0
-        kv_off = q_off + boxes * TILE_M * BOX_COLS * 2
-        bar_off = kv_off + STAGES * kv_tile
-        # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs between
-        # the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
-        n_bars = STAGES * boxes + 3 * STAGES + HANDOFFS
-        flags_off = -(-(bar_off + n_bars * BARRIER_BYTES) // 16) * 16  # 16-byte loads of the words
-        flags_pitch = TILE_N + 16
-        rows_off = flags_off + STAGES * flags_pitch
-        work_off = rows_off + 5 * TILE_M * 4
-        smem = work_off + WORK_BYTES
+
+        def regions(stages: int) -> dict:
+            q_off = 0
+            kv_off = q_off + boxes * TILE_M * BOX_COLS * 2
+            bar_off = kv_off + stages * kv_tile
+            # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs
+            # between the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
+            n_bars = stages * boxes + 3 * stages + HANDOFFS
+            flags_off = -(-(bar_off + n_bars * BARRIER_BYTES) // 16) * 16  # 16-byte loads of the words
+            flags_pitch = TILE_N + 16
+            rows_off = flags_off + stages * flags_pitch
+            work_off = rows_off + 5 * TILE_M * 4
+            return dict(q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
+                        flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,
+                        walk_c_off=work_off + 64, walk_p_off=work_off + 128, smem=work_off + WORK_BYTES)
+
+        if sched.stages is not None:
+            stages = sched.stages
+            stages_why = "`stages`"
+        else:
+            # as many sets of a pair's two stages as fit, up to MAX_SETS: with one set the
+            # seesaw waits on its copies (a stage refills only once read); a second let GLA-2
+            # run 0.83 of one set's time (H200, h_q 128 s_k 8192, s_q 1 and 2, b 8 and 128,
+            # bench/RESULTS.md session 13). MLA's 72 KB tiles leave room for one.
+            sets = max([n for n in range(1, MAX_SETS + 1)
+                        if regions(n * PAIR_STAGES)["smem"] <= target.smem_per_block] or [1])
+            stages = sets * PAIR_STAGES
+            stages_why = (f"{sets} set{'s' if sets > 1 else ''} of a pair's {PAIR_STAGES} stages: "
+                          + ("the producer runs up to two pairs ahead" if sets > 1 else
+                             f"a second set ({2 * PAIR_STAGES} x {kv_tile} B) does not fit"))
+        r = regions(stages)
+        smem = r.pop("smem")
         if smem > target.smem_per_block:
-            raise Refusal(f"{smem} B of shared memory > {target.smem_per_block}", spec.span_of("key"))
+            raise Refusal(f"{smem} B of shared memory (Q and {stages} stages of {kv_tile} B) > "
+                          f"{target.smem_per_block}", sched.span_of("stages") if sched.stages else spec.span_of("key"),
+                          "stages" if sched.stages else None)
         threads = 3 * GROUP_THREADS
         tma_rows, tma_why = self._tma_rows(spec, layout)
         # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
@@ -170,7 +195,7 @@ class HopperFamily(Family):
         why = (
             ("tile_m", f"one wgmma M ({TILE_M} rows) per consumer warp group"),
             ("tile_n", "`tile kv`" if sched.tile_kv else f"{TILE_N} tokens: a P tile is one box"),
-            ("stages", "`stages`" if sched.stages else "the seesaw's pair of tiles"),
+            ("stages", stages_why),
             ("threads", "a producer warp group and two consumer warp groups"),
             ("seesaw", "`seesaw`" if sched.seesaw else
              f"chosen: a {spec.d_v}-wide value splits into two {spec.d_v // 2}-column halves, one "
@@ -181,18 +206,16 @@ class HopperFamily(Family):
             ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled"),
             ("tma_rows", tma_why),
             ("compute_bound", "a 64-row tile reads each token once for 64 rows"),
-            ("smem_bytes", f"Q + {STAGES} stages of {boxes} boxes + barriers <= "
+            ("smem_bytes", f"Q + {stages} stages of {boxes} boxes + barriers <= "
              f"{target.smem_per_block} B"),
             DEPENDENT_LAUNCH_WHY[target.dependent_launch],
         )
         return HopperConfig(
-            tile_m=TILE_M, tile_n=TILE_N, stages=STAGES, threads=threads, smem_bytes=smem,
+            tile_m=TILE_M, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, seesaw=True,
             consumer_registers=CONSUMER_REGISTERS, producer_registers=PRODUCER_REGISTERS,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=spec.d_v // 2 // BOX_COLS,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, kv_tile_bytes=kv_tile,
-            q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
-            flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,
-            walk_c_off=work_off + 64, walk_p_off=work_off + 128,
+            **r,
             consumer_barrier=1, producer_barrier=2, barriers=3, why=why)

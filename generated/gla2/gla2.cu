@@ -45,9 +45,9 @@ struct Config {
   // kernel config: hopper family
   static constexpr int kTileM = 64;  // one wgmma M (64 rows) per consumer warp group
   static constexpr int kTileN = 64;  // 64 tokens: a P tile is one box
-  static constexpr int kStages = 2;  // the seesaw's pair of tiles
+  static constexpr int kStages = 4;  // 2 sets of a pair's 2 stages: the producer runs up to two pairs ahead
   static constexpr int kThreads = 384;  // a producer warp group and two consumer warp groups
-  static constexpr int kSmemBytes = 124736;  // Q + 2 stages of 5 boxes + barriers <= 232448 B
+  static constexpr int kSmemBytes = 206944;  // Q + 4 stages of 5 boxes + barriers <= 232448 B
   static constexpr int kRegisters = 168;  // launch bounds (384 threads, 1 CTA): 168, then setmaxnreg
   static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
@@ -63,13 +63,13 @@ struct Config {
   static constexpr int kKVTileBytes = 40960;
   static constexpr int kQOff = 0;
   static constexpr int kKVOff = 40960;
-  static constexpr int kBarOff = 122880;
-  static constexpr int kFlagsOff = 123040;
+  static constexpr int kBarOff = 204800;
+  static constexpr int kFlagsOff = 205088;
   static constexpr int kFlagsPitch = 80;
-  static constexpr int kRowsOff = 123200;
-  static constexpr int kWorkOff = 124480;
-  static constexpr int kWalkCOff = 124544;
-  static constexpr int kWalkPOff = 124608;
+  static constexpr int kRowsOff = 205408;
+  static constexpr int kWorkOff = 206688;
+  static constexpr int kWalkCOff = 206752;
+  static constexpr int kWalkPOff = 206816;
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kProducerBarrier = 2;
   static constexpr int kBarriers = 3;

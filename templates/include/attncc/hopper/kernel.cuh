@@ -7,13 +7,14 @@
 //     into its stage box by box, by TMA (a page-64 tile inside the view) or cp.async;
 //   warp groups 0 and 1, the consumers (seesaw.cuh; setmaxnreg up): Q into shared memory, the
 //     seesaw over the pairs, the epilogue.
-// The roles walk the same pieces independently, the producer up to two tiles ahead; their only
+// The roles walk the same pieces independently, the producer up to kSets pairs of tiles ahead
+// (traits.cuh: a set is a pair's two stages; two where shared memory holds them); their only
 // contact is the barriers of the stages (FULL per box, FLAGS, EMPTY early/late), whose phases
-// both count per stage across pieces (uses[s]).
+// both count per stage across pieces (traits.cuh: Progress).
 //
 // A stage's release, per tile (seesaw.cuh): its early boxes (the value's left half) when WG0 has
-// read them last, the rest when both groups have; stage 0 in the middle of a pair, stage 1 at
-// its end. The producer copies in that order: per pair, stage 0 early and late, then stage 1.
+// read them last, the rest when both groups have; a pair's stage a in its middle, stage b at
+// its end. The producer copies in that order: per pair, stage a early and late, then stage b.
 //
 // Runtime conditions as the mma_sync family's (host-checked in launch.cuh); registers: 168 a
 // thread at launch (384 threads, 1 CTA an SM), then kConsumerRegisters / kProducerRegisters.
@@ -49,45 +50,48 @@ struct PieceTiles {
   }
 };
 
-// A tile's copies into stage kStage: by TMA when the plan and the tile allow it, else by
+// A tile's copies into stage `stage`: by TMA when the plan and the tile allow it, else by
 // cp.async. The tile's page numbers are read before the first EMPTY wait (in flight while it
 // waits).
-template <class Cfg, int kStage>
+template <class Cfg>
 __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile, int head,
-                                             uint32_t sbase, unsigned char* smem, int p, int parity) {
+                                             uint32_t sbase, unsigned char* smem, int stage, int p, int parity) {
   if constexpr (Cfg::kTmaRows > 0) {
     TmaTile<Cfg> tm;
     tm.load(a, ss, tile);
-    if (tm.whole) return fill_stage<Cfg, kStage>(tm, maps, sbase, smem, head, p, parity);
+    if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity);
   }
   TileTokens<Cfg> tt;
   tt.load(a, ss, tile, p);
-  fill_stage<Cfg, kStage>(tt, a, sbase, smem, head, p, parity);
+  fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity);
 }
 
-// The producer's part of a piece: its tiles in pairs, stage 0 then stage 1, the order the
-// consumers release them in (seesaw.cuh: stage 0 is free after the pair's first products).
+// The producer's part of a piece: its tiles in pairs, each pair's a then b, the order the
+// consumers release them in (seesaw.cuh: a's stage is free after the pair's first products);
+// with more than one set of stages, up to kSets pairs ahead of the consumers.
 template <class Cfg>
 __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const CtaWork<Cfg>& w, uint32_t sbase,
-                                        unsigned char* smem, int p, int (&uses)[2]) {
+                                        unsigned char* smem, int p, Progress<Cfg::kStages>& pr) {
+  using T = SeesawTraits<Cfg>;
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
   SlotSource ss;
   ss.row = a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
   ss.limit = pt.cta_limit;
-  for (int it = 0; it < pt.n_iter; it += 2) {
+  for (int it = 0; it < pt.n_iter; it += 2, ++pr.pairs) {
     const bool has_b = it + 1 < pt.n_iter;
-    produce_tile<Cfg, 0>(a, maps, ss, w.tile_begin + it, w.head, sbase, smem, p, (uses[0] & 1) ^ 1);
-    if (has_b) produce_tile<Cfg, 1>(a, maps, ss, w.tile_begin + it + 1, w.head, sbase, smem, p, (uses[1] & 1) ^ 1);
-    ++uses[0];
-    if (has_b) ++uses[1];
+    const int sa = 2 * (pr.pairs % T::kSets), sb = sa + 1;
+    produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1);
+    if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1);
+    pr.used(sa);
+    if (has_b) pr.used(sb);
   }
 }
 
 // The consumers' part of a piece: Q, then the seesaw (seesaw.cuh).
 template <class Cfg>
 __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, unsigned char* smem, int ct,
-                                              int (&uses)[2]) {
+                                              Progress<Cfg::kStages>& pr) {
   bool bad_len;
   const PieceTiles<Cfg> pt(a, w, bad_len);
   if (bad_len && ct == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SEQLEN);
@@ -109,7 +113,7 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   cp_async_wait<0>();
   fence_async_shared();
   bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // Q and the work stash visible
-  consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, uses);
+  consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
 }
 
 template <class Cfg>
@@ -135,14 +139,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
   __syncthreads();
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
-    int uses[2] = {0, 0};
-    produce<Cfg>(args, maps, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, uses);
+    Progress<Cfg::kStages> pr;
+    produce<Cfg>(args, maps, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, pr);
     cp_async_commit();
     cp_async_wait<0>();  // no copy in flight when the producer exits
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegisters>();
-    int uses[2] = {0, 0};
-    consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, uses);
+    Progress<Cfg::kStages> pr;
+    consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, pr);
   }
 }
 
@@ -179,18 +183,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw);
   }
   __syncthreads();
-  int uses[2] = {0, 0};
+  Progress<Cfg::kStages> pr;
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     const int p = threadIdx.x - 2 * kGroupThreads;
     walk_pieces<Cfg>(args, smem + Cfg::kWalkPOff, Cfg::kProducerBarrier, kGroupThreads, p,
-                     [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, uses); });
+                     [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, pr); });
     cp_async_commit();
     cp_async_wait<0>();
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegisters>();
     walk_pieces<Cfg>(args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
-                     [&](const CtaWork<Cfg>& w) { consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, uses); });
+                     [&](const CtaWork<Cfg>& w) { consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, pr); });
     if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();  // the part's results are written
   }
 }

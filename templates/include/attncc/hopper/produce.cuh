@@ -76,20 +76,20 @@ struct TileTokens {
     if (p % 32 == 0) reinterpret_cast<int*>(flags + Cfg::kTileN)[p / 32] = static_cast<int>(ballot);
   }
 
-  // Boxes [kFrom, kTo) of stage kStage: this thread's cp.async of each, then its arrival on the
+  // Boxes [kFrom, kTo) of stage `stage`: this thread's cp.async of each, then its arrival on the
   // box's FULL (counted when those copies land).
-  template <int kStage, int kFrom, int kTo>
-  __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int head, int p) const {
+  template <int kFrom, int kTo>
+  __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
     using T = SeesawTraits<Cfg>;
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr int I = box_source<Cfg>(box);
       constexpr Source src = Cfg::kSources[I];
       const char* base = run_base<Cfg, I>(a, head) + (box * kBoxCols - src.smem_col) * 2 + (p % 8) * 16;
-      const uint32_t dst = T::stage_box(sbase, kStage, box);
+      const uint32_t dst = T::stage_box(sbase, stage, box);
 #pragma unroll
       for (int k = 0; k < kTok; ++k) cp_async_16_at(dst + sw128(p / 8 + 16 * k, p % 8), base, off[k][src.tensor], valid[k]);
-      cp_async_arrive(T::full(sbase, kStage, box));
+      cp_async_arrive(T::full(sbase, stage, box));
     });
   }
 };
@@ -116,19 +116,19 @@ struct TmaTile {
     if (p < (Cfg::kTileN + 16) / 4) reinterpret_cast<int*>(flags)[p] = 0;
   }
 
-  // Boxes [kFrom, kTo) of stage kStage: thread 0 expects each box's bytes on its FULL and issues
+  // Boxes [kFrom, kTo) of stage `stage`: thread 0 expects each box's bytes on its FULL and issues
   // its copy, the others arrive.
-  template <int kStage, int kFrom, int kTo>
-  __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int head, int p) const {
+  template <int kFrom, int kTo>
+  __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int stage, int head, int p) const {
     using T = SeesawTraits<Cfg>;
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr Source src = Cfg::kSources[box_source<Cfg>(box)];
-      const uint32_t bar = T::full(sbase, kStage, box);
+      const uint32_t bar = T::full(sbase, stage, box);
       if (p == 0) {
         mbarrier_arrive_expect_tx(bar, Cfg::kBoxBytes);
         const int col = (src.offset_bytes + head * src.head_stride_bytes) / 2 + box * kBoxCols - src.smem_col;
-        tma_load_3d(T::stage_box(sbase, kStage, box), &maps.map[src.tensor], col, token, page, bar);
+        tma_load_3d(T::stage_box(sbase, stage, box), &maps.map[src.tensor], col, token, page, bar);
       } else {
         mbarrier_arrive(bar);
       }
@@ -136,19 +136,19 @@ struct TmaTile {
   }
 };
 
-// A tile into stage kStage, either kind (TileTokens from the call's arguments, TmaTile from the
+// A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the
 // tensor maps): each group of boxes after its EMPTY wait (the release of the stage's previous
 // tile), the flags before the early group.
-template <class Cfg, int kStage, class Tile, class From>
-__device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, uint32_t sbase, unsigned char* smem, int head, int p,
-                                           int parity) {
+template <class Cfg, class Tile, class From>
+__device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, uint32_t sbase, unsigned char* smem, int stage, int head,
+                                           int p, int parity) {
   using T = SeesawTraits<Cfg>;
-  mbarrier_wait(T::empty_early(sbase, kStage), parity);
-  tile.write_flags(smem + Cfg::kFlagsOff + kStage * Cfg::kFlagsPitch, p);
-  mbarrier_arrive(T::flags_bar(sbase, kStage));
-  tile.template copy_boxes<kStage, 0, T::kHalf>(from, sbase, head, p);
-  mbarrier_wait(T::empty_late(sbase, kStage), parity);
-  tile.template copy_boxes<kStage, T::kHalf, T::kBoxes>(from, sbase, head, p);
+  mbarrier_wait(T::empty_early(sbase, stage), parity);
+  tile.write_flags(smem + Cfg::kFlagsOff + stage * Cfg::kFlagsPitch, p);
+  mbarrier_arrive(T::flags_bar(sbase, stage));
+  tile.template copy_boxes<0, T::kHalf>(from, sbase, stage, head, p);
+  mbarrier_wait(T::empty_late(sbase, stage), parity);
+  tile.template copy_boxes<T::kHalf, T::kBoxes>(from, sbase, stage, head, p);
 }
 
 }  // namespace hopper

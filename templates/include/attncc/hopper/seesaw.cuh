@@ -1,8 +1,11 @@
 // attncc/hopper/seesaw.cuh: the consumer warp groups of the Hopper family, the seesaw schedule.
 //
 // Two warp groups own the same 64 query rows; WG0 the output's columns [0, 256) (O_L), WG1
-// [256, 512) (O_R), 128 fp32 accumulators a thread. Tiles come in pairs, a (stage 0) and b
-// (stage 1); with c = scale log2(e), m the running row max (shared), c_x = 2^(m_old - m_new):
+// [256, 512) (O_R), 128 fp32 accumulators a thread (MLA's value; any two halves of a wgmma N).
+// Tiles come in pairs, a and b, in the two stages of a set (stages 2k and 2k + 1; pair i in set
+// i % kSets: with two sets the producer fills the next pair's while this one is read); below
+// "stage 0/1" is the pair's a/b stage. With c = scale log2(e), m the running row max (shared),
+// c_x = 2^(m_old - m_new):
 //
 //   WG0                                          WG1
 //   S_a = Q K_a^T              (wgmma SS)        S_b = Q K_b^T                       (SS)
@@ -62,15 +65,15 @@ struct Frag {
   __device__ __forceinline__ explicit Frag(int t) : r(16 * (t / 32) + (t % 32) / 4), q(t % 4) {}
 };
 
-// S = Q K^T over every box of stage kStage, in its order, each box once FULL says it landed.
-template <class Cfg, int kStage>
-__device__ __forceinline__ void scores(float (&s)[32], uint32_t sbase, int parity) {
+// S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed.
+template <class Cfg>
+__device__ __forceinline__ void scores(float (&s)[32], uint32_t sbase, int stage, int parity) {
   using T = SeesawTraits<Cfg>;
-  const uint32_t q = sbase + Cfg::kQOff, kv = T::stage_box(sbase, kStage, 0);
+  const uint32_t q = sbase + Cfg::kQOff, kv = T::stage_box(sbase, stage, 0);
   fence();
   static_for<T::kBoxes>([&](auto i) {
     constexpr int box = decltype(i)::value;
-    mbarrier_wait(T::full(sbase, kStage, box), parity);
+    mbarrier_wait(T::full(sbase, stage, box), parity);
     fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
 #pragma unroll
     for (int kk = 0; kk < kBoxCols / 16; ++kk)
@@ -194,17 +197,16 @@ struct RowState {
   __device__ __forceinline__ void set_l(int wg, int r, float v) const { sts32(base + 4 * ((3 + wg) * kRows + r), __float_as_uint(v)); }
 };
 
-// One consumer warp group's part of a piece: n_iter tiles from tile_begin, rows of `w`.
-// uses[s]: tiles stage s has held before this piece (the barriers' phases).
+// One consumer warp group's part of a piece: n_iter tiles from tile_begin, rows of `w`; `pr`:
+// where the stream of tiles stands before this piece (traits.cuh).
 template <class Cfg>
 __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>& w, int n_iter, int kv_len, uint32_t sbase,
-                                        unsigned char* smem, int wg, int t, int (&uses)[2]) {
+                                        unsigned char* smem, int wg, int t, Progress<Cfg::kStages>& pr) {
   using T = SeesawTraits<Cfg>;
   constexpr int kAcc = T::kAcc;
   const Frag f(t);
   static_assert(Cfg::kTileM == RowState::kRows, "row state of 64 rows");
   const RowState rs(sbase + Cfg::kRowsOff);
-  const uint32_t p_box_a = T::stage_box(sbase, 0, T::kPBox), p_box_b = T::stage_box(sbase, 1, T::kPBox);  // P_a, P_b
   const int s_q = a.s_q;
 
   float o[kAcc];
@@ -221,17 +223,20 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
   const int full_limit = w.token_limit(w.row_token(w.mb * Cfg::kTileM), kv_len, s_q);
   const float c = a.softmax_scale * kLog2e;
 
-  for (int it = 0; it < n_iter; it += 2) {
+  for (int it = 0; it < n_iter; it += 2, ++pr.pairs) {
     const bool has_b = it + 1 < n_iter;
-    const int pair = uses[0] & 1;  // the handoffs' phase: one per pair (of this and earlier pieces)
+    const int pair = pr.pairs & 1;  // the handoffs' phase: one per pair (of this and earlier pieces)
+    const int sa = 2 * (pr.pairs % T::kSets), sb = sa + 1;  // the stages of tiles a and b
+    const uint32_t p_box_a = T::stage_box(sbase, sa, T::kPBox), p_box_b = T::stage_box(sbase, sb, T::kPBox);  // P_a, P_b
     float s[32];
     float mx[2], sum[2], ca[2], cb[2];
     uint32_t pa[Cfg::kTileN / 16][4];
     if (wg == 0) {
-      const int parity = uses[0] & 1;
-      scores<Cfg, 0>(s, sbase, parity);
-      mbarrier_wait(T::flags_bar(sbase, 0), parity);
-      mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit, sbase + Cfg::kFlagsOff);
+      const int parity = pr.parity(sa);
+      scores<Cfg>(s, sbase, sa, parity);
+      mbarrier_wait(T::flags_bar(sbase, sa), parity);
+      mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit,
+                        sbase + Cfg::kFlagsOff + sa * Cfg::kFlagsPitch);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[h], mx[h] * c);
@@ -248,9 +253,9 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       mbarrier_arrive(T::p_a(sbase));  // P_A
       scale_rows(o, ca);
       pack_p<Cfg>(s, pa);
-      pv_rs<Cfg>(o, pa, T::stage_box(sbase, 0, 0));  // O_L += P_a V_a[:, L]
-      mbarrier_arrive(T::empty_early(sbase, 0));
-      mbarrier_arrive(T::empty_late(sbase, 0));
+      pv_rs<Cfg>(o, pa, T::stage_box(sbase, sa, 0));  // O_L += P_a V_a[:, L]
+      mbarrier_arrive(T::empty_early(sbase, sa));
+      mbarrier_arrive(T::empty_late(sbase, sa));
       mbarrier_wait(T::p_b(sbase), pair);  // P_B
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -261,17 +266,17 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       __syncwarp();  // the quad's reads of m_b before its first lane writes the next m_a
       scale_rows(o, cb);
       if (has_b) {
-        pv_ss<Cfg>(o, p_box_b, T::stage_box(sbase, 1, 0));  // O_L += P_b V_b[:, L]
-        mbarrier_arrive(T::empty_early(sbase, 1));
-        mbarrier_arrive(T::empty_late(sbase, 1));
+        pv_ss<Cfg>(o, p_box_b, T::stage_box(sbase, sb, 0));  // O_L += P_b V_b[:, L]
+        mbarrier_arrive(T::empty_early(sbase, sb));
+        mbarrier_arrive(T::empty_late(sbase, sb));
       }
     } else {
       if (has_b) {
-        const int parity = uses[1] & 1;
-        scores<Cfg, 1>(s, sbase, parity);
-        mbarrier_wait(T::flags_bar(sbase, 1), parity);
+        const int parity = pr.parity(sb);
+        scores<Cfg>(s, sbase, sb, parity);
+        mbarrier_wait(T::flags_bar(sbase, sb), parity);
         mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
-                          sbase + Cfg::kFlagsOff + Cfg::kFlagsPitch);
+                          sbase + Cfg::kFlagsOff + sb * Cfg::kFlagsPitch);
       } else {
         mx[0] = mx[1] = -INFINITY;
       }
@@ -301,16 +306,16 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       mbarrier_arrive(T::p_b(sbase));  // P_B
       scale_rows(o, ca);
       mbarrier_wait(T::p_a(sbase), pair);  // P_A
-      pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, 0, T::kHalf));  // O_R += P_a V_a[:, R]
-      mbarrier_arrive(T::empty_late(sbase, 0));
+      pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kHalf));  // O_R += P_a V_a[:, R]
+      mbarrier_arrive(T::empty_late(sbase, sa));
       scale_rows(o, cb);
       if (has_b) {
-        pv_rs<Cfg>(o, pa, T::stage_box(sbase, 1, T::kHalf));  // O_R += P_b V_b[:, R]
-        mbarrier_arrive(T::empty_late(sbase, 1));
+        pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kHalf));  // O_R += P_b V_b[:, R]
+        mbarrier_arrive(T::empty_late(sbase, sb));
       }
     }
-    ++uses[0];
-    if (has_b) ++uses[1];
+    pr.used(sa);
+    if (has_b) pr.used(sb);
   }
 
   // ---- epilogue: l = l_L + l_R, then each group's half of out (or of the partials)

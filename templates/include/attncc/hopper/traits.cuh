@@ -37,10 +37,24 @@ __host__ __device__ constexpr bool boxes_filled() {
   return true;
 }
 
+// Where a role is in its stream of tiles, across the pieces it walks: per stage the parity of
+// the tiles it has held (bit s: the phase its barriers are in; a bit mask, not an array, which a
+// runtime stage index would put on the stack) and the pairs so far (pair i is in the stages of
+// set i % kSets; the handoffs between the consumer warp groups complete once a pair).
+template <int kStages>
+struct Progress {
+  static_assert(kStages <= 32, "a bit per stage");
+  uint32_t phases = 0;
+  int pairs = 0;
+  __device__ __forceinline__ int parity(int stage) const { return static_cast<int>(phases >> stage) & 1; }
+  __device__ __forceinline__ void used(int stage) { phases ^= 1u << stage; }
+};
+
 template <class Cfg>
 struct SeesawTraits {
   static constexpr int kThreads = Cfg::kThreads;
   static constexpr int kM = Cfg::kTileM, kN = Cfg::kTileN, kStages = Cfg::kStages;
+  static constexpr int kSets = kStages / 2;  // pair i of tiles is in stages 2 (i % kSets) and 2 (i % kSets) + 1
   static constexpr int kBoxes = Cfg::kBoxes;            // of a staged row (and of a Q row)
   static constexpr int kValueBoxes = Cfg::kValueBoxes;  // the value's: boxes [0, kValueBoxes)
   static constexpr int kHalf = Cfg::kHalfBoxes;         // per consumer warp group's output half
@@ -72,7 +86,7 @@ struct SeesawTraits {
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(!Cfg::kSparse, "dense caches (block table)");
   static_assert(Cfg::kTmaRows == 0 || (Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0), "a TMA copy of a box: a tile of one page");
-  static_assert(Cfg::kSeesaw && kStages == 2, "the seesaw: a pair of tiles in two stages");
+  static_assert(Cfg::kSeesaw && kStages >= 2 && kStages % 2 == 0, "the seesaw: pairs of tiles, a pair in two stages");
   static_assert(kM == 64 && kN == 64, "64 rows (one wgmma M) x 64 tokens (a P tile is one box)");
   static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
   static_assert(Cfg::kDK == kBoxes * kBoxCols && Cfg::kDV == kValueBoxes * kBoxCols && kValueBoxes == 2 * kHalf &&
