@@ -23,7 +23,8 @@ for stage in "$@"; do
     for c in "mla examples/mla.attn --heads 128 --sq 2 --seqlen 8192" "mla examples/mla.attn --heads 128 --sq 1 --seqlen 8192" \
              "mla_h64 examples/mla.attn --heads 64 --sq 2 --seqlen 8192" "mla examples/mla.attn --heads 128 --seqlen 32768 --batch 1" \
              "mla examples/mla.attn --heads 128 --seqlen 32768 --batch 8" "mla_h16 examples/mla.attn --heads 16 --sq 1 --seqlen 32768" \
-             "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 8192"; do
+             "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 8192" "gla2 examples/gla2.attn --heads 128 --sq 1 --seqlen 8192" \
+             "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 32768 --batch 8"; do
       set -- $c; n=$1; shift
       timeout 150 python3 bench/ab.py "$1" .ab/${AB_A:-old}_$n.so .ab/${AB_B:-new}_$n.so --rounds 21 "${@:2}" 2>&1 | tail -1
     done | tee "$OUT/ab.log" ;;
