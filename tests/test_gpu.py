@@ -158,7 +158,7 @@ def test_scale_override_and_metadata(kernels):
     assert result.ok, str(result)
 
 
-@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "mla_fp8_sparse", "mla_page1"]))
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "mla_page1", "mla_page1_h128"]))
 def test_deterministic(kernels, name):
     k = kernels[name]
     case = testing.random_case(k.spec, [2000, 333, 64], k.spec.max_query_len, seed=11)
@@ -167,7 +167,7 @@ def test_deterministic(kernels, name):
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
-@pytest.mark.parametrize("name", with_families(["mla", "mla_fp8_sparse"]))
+@pytest.mark.parametrize("name", with_families(["mla", "gla2", "mla_fp8_sparse", "mla_page1_h128"]))
 def test_cuda_graph_replay_with_new_inputs(kernels, name):
     k = kernels[name]
     s_q = k.spec.max_query_len
