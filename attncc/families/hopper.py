@@ -22,7 +22,6 @@ This module makes every choice of that kernel and says why; the C++ only static_
 What it does not (yet) run it refuses, and the lowering falls back to mma_sync."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..ir import Spec

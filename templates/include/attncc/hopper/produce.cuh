@@ -144,7 +144,7 @@ __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, u
                                            int p, int parity) {
   using T = SeesawTraits<Cfg>;
   mbarrier_wait(T::empty_early(sbase, stage), parity);
-  tile.write_flags(smem + Cfg::kFlagsOff + stage * Cfg::kFlagsPitch, p);
+  tile.write_flags(smem + T::stage_flags(stage), p);
   mbarrier_arrive(T::flags_bar(sbase, stage));
   tile.template copy_boxes<0, T::kHalf>(from, sbase, stage, head, p);
   mbarrier_wait(T::empty_late(sbase, stage), parity);

@@ -235,8 +235,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       const int parity = pr.parity(sa);
       scores<Cfg>(s, sbase, sa, parity);
       mbarrier_wait(T::flags_bar(sbase, sa), parity);
-      mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit,
-                        sbase + Cfg::kFlagsOff + sa * Cfg::kFlagsPitch);
+      mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit, sbase + T::stage_flags(sa));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[h], mx[h] * c);
@@ -276,7 +275,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         scores<Cfg>(s, sbase, sb, parity);
         mbarrier_wait(T::flags_bar(sbase, sb), parity);
         mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
-                          sbase + Cfg::kFlagsOff + sb * Cfg::kFlagsPitch);
+                          sbase + T::stage_flags(sb));
       } else {
         mx[0] = mx[1] = -INFINITY;
       }

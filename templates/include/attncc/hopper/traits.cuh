@@ -68,6 +68,9 @@ struct SeesawTraits {
   // early: the value's left half, which WG0 reads last), the rest its late group (EMPTY late).
   // Box b of stage s, in shared memory:
   __device__ static uint32_t stage_box(uint32_t base, int s, int b) { return base + Cfg::kKVOff + s * kKVTileBytes + b * kBoxBytes; }
+  // Stage s's flags (produce.cuh: a byte per token, then a word per producer warp), in bytes
+  // from the base of shared memory.
+  __device__ static int stage_flags(int s) { return Cfg::kFlagsOff + s * Cfg::kFlagsPitch; }
 
   // mbarriers (8 bytes each) from kBarOff: FULL[stage][box], EMPTY early[stage], EMPTY
   // late[stage], FLAGS[stage], then the consumer warp groups' handoffs (seesaw.cuh), each
