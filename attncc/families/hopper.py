@@ -19,6 +19,14 @@ read; each stage is released in two halves (EMPTY early/late) as its readers fin
 tile goes to the first key-only box of its own stage (the rope columns, read only by S = Q K^T).
 
 This module makes every choice of that kernel and says why; the C++ only static_asserts them.
+A value of at most 256 columns (GLA's latent) fits one warp group's accumulators whole (64 x 256
+fp32: 128 registers a thread), and the seesaw's point, one output split over two groups, goes:
+there the family runs the stacked schedule instead (stacked.cuh), FA3's for such values: a CTA
+of 128 rows, each consumer warp group S, softmax and O += P V (P from registers) for its own 64
+over every tile, so each token is read once for 128 rows (GLA-2 at s_q 2: both query tokens of
+a kv head's 64 heads). Where a CTA holds 64 rows or fewer (s_q 1), the groups take the same rows
+and alternate tiles, and merge (O, m, l) at the end; `seesaw` keeps the seesaw.
+
 What it does not (yet) run it refuses, and the lowering falls back to mma_sync."""
 from __future__ import annotations
 
@@ -30,14 +38,21 @@ from ..target import Target
 from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
-TILE_M = 64            # query rows of a CTA: one wgmma M per consumer warp group
+TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by both consumer warp groups
+STACKED_TILE_M = 128   # ... (stacked): one wgmma M per consumer warp group
+STACKED_MAX_COLS = 256  # the widest value one warp group holds (64 x 256 fp32: 128 registers a thread)
 TILE_N = 64            # tokens of a KV tile (a P tile is then one box)
 PAIR_STAGES = 2        # a pair of tiles, the seesaw's unit, in two stages
 MAX_SETS = 2           # sets of a pair's stages in flight where shared memory holds them
+MAX_STACKED_STAGES = 4  # stacked: tiles in flight where shared memory holds them
 HALF_COLS = (64, 128, 256)  # output columns a consumer warp group may own (a wgmma N of whole boxes)
 GROUP_THREADS = 128    # a warp group
-CONSUMER_REGISTERS = 216  # setmaxnreg: 2 x 128 x 216 + 128 x 72 <= 65,536
+# setmaxnreg moves registers between the roles inside what the CTA was launched with (168 x 384 =
+# 64,512: an increase past that waits forever), so 2 x 128 x consumer + 128 x producer <= 64,512
+CONSUMER_REGISTERS = 216  # seesaw: 2 x 128 x 216 + 128 x 72 = 64,512
 PRODUCER_REGISTERS = 72
+STACKED_CONSUMER_REGISTERS = 224  # stacked: 2 x 128 x 224 + 128 x 56 = 64,512 (at 216 its part-mode
+STACKED_PRODUCER_REGISTERS = 56   # kernels spill 4-8 bytes; its producer, one stage a tile, fits 56)
 WORK_BYTES = 256       # the consumers' CtaWork (9 ints), then each role's part walk (12 ints)
 BARRIER_BYTES = 8      # an mbarrier
 HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups
@@ -45,15 +60,19 @@ HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its war
 
 @dataclass(frozen=True, kw_only=True)
 class HopperConfig(KernelConfig):
-    seesaw: bool              # two consumer warp groups split the output's columns
+    seesaw: bool              # two consumer warp groups split the output's columns (else stacked:
+                              # each owns 64 rows, or alternate tiles of the same rows)
     consumer_registers: int   # setmaxnreg of the consumer warp groups ...
     producer_registers: int   # ... and of the producer
     tma_rows: int             # tokens of one TMA copy of a box (tile_n: a tile of one page); 0: cp.async
     boxes: int                # 64-column boxes of a staged token row (= of a Q row)
     value_boxes: int          # ... of them the value's (the first)
-    half_boxes: int           # ... per consumer warp group's half of the output
-    p_box: int                # the key-only box of a stage that holds that tile's P
-    box_bytes: int            # one box of a tile: tile_n (= tile_m) rows x 128 bytes
+    out_boxes: int            # ... of a consumer warp group's output (seesaw: half the value; stacked: all)
+    early_boxes: int          # a stage's first boxes, released by EMPTY early (seesaw: WG0's half of
+                              # the value; stacked: all), the rest by EMPTY late
+    p_box: int                # the key-only box of a stage that holds that tile's P (seesaw)
+    box_bytes: int            # one box of a tile: tile_n rows x 128 bytes
+    q_box_bytes: int          # one box of the Q tile: tile_m rows x 128 bytes
     kv_tile_bytes: int
     q_off: int                # shared-memory regions, bytes from the base (1024-aligned tiles)
     kv_off: int
@@ -72,7 +91,7 @@ class HopperConfig(KernelConfig):
 
 class HopperFamily(Family):
     name = "hopper"
-    summary = "sm_90a warp-specialized wgmma, seesaw schedule"
+    summary = "sm_90a warp-specialized wgmma, seesaw or stacked schedule"
     targets = ("sm90a",)
     honours = frozenset({"tile", "stages", "seesaw"})
     tolerates = frozenset()
@@ -80,7 +99,8 @@ class HopperFamily(Family):
     limits = ("value 128, 256 or 512 wide (the seesaw's two halves), key = value ++ more, on "
               "64-column boxes", "bf16, dense (block table), 16-bit runs",
               f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",
-              f"tile q = {TILE_M}, kv = {TILE_N}, stages a multiple of {PAIR_STAGES} (pairs of tiles)")
+              f"tile q = {TILE_M} (seesaw) or {STACKED_TILE_M} (stacked), kv = {TILE_N}; the seesaw's stages a "
+              f"multiple of {PAIR_STAGES} (pairs of tiles)")
 
     def _check(self, spec: Spec, layout: Layout) -> None:
         sched = spec.schedule
@@ -92,9 +112,13 @@ class HopperFamily(Family):
         if spec.sparse:
             raise Refusal("sparse top-k runs on the mma_sync family (Hopper sparse comes "
                           "later)", spec.span_of("tokens"))
-        if spec.d_v % 2 or spec.d_v // 2 not in HALF_COLS:
+        if self._seesaw(spec) and (spec.d_v % 2 or spec.d_v // 2 not in HALF_COLS):
             raise Refusal(f"the seesaw splits the value into two halves of {', '.join(map(str, HALF_COLS))} "
                           f"columns (a wgmma N of whole boxes); this value is {spec.d_v} wide",
+                          spec.span_of("value"))
+        if not self._seesaw(spec) and spec.d_v not in HALF_COLS:
+            raise Refusal(f"the stacked schedule holds a value of {', '.join(map(str, HALF_COLS))} columns "
+                          f"(a wgmma N of whole boxes) in one warp group; this value is {spec.d_v} wide",
                           spec.span_of("value"))
         if tuple(layout.value_runs) != ((0, spec.d_v),) or tuple(layout.key_runs) != ((0, spec.d_k),):
             raise Refusal("needs the value to be the first staged columns and the key all of "
@@ -118,12 +142,23 @@ class HopperFamily(Family):
             raise Refusal(f"a group of {spec.group} query heads would fill {spec.group} of the "
                           f"{TILE_M} rows of a wgmma tile at s_q 1: memory-bound, the mma_sync "
                           "family's narrower tiles stream it as fast", spec.span_of("heads"))
-        if sched.tile_q is not None and (sched.tile_q, sched.tile_kv) != (TILE_M, TILE_N):
-            raise Refusal(f"`tile q = {sched.tile_q}, kv = {sched.tile_kv}`: the seesaw runs "
-                          f"{TILE_M} x {TILE_N}", sched.span_of("tile"), "tile")
-        if sched.stages is not None and sched.stages % PAIR_STAGES:
+        if sched.tile_q is not None and (sched.tile_q, sched.tile_kv) != (self._tile_m(spec), TILE_N):
+            raise Refusal(f"`tile q = {sched.tile_q}, kv = {sched.tile_kv}`: the "
+                          f"{'seesaw' if self._seesaw(spec) else 'stacked schedule'} runs "
+                          f"{self._tile_m(spec)} x {TILE_N}", sched.span_of("tile"), "tile")
+        if self._seesaw(spec) and sched.stages is not None and sched.stages % PAIR_STAGES:
             raise Refusal(f"`stages {sched.stages}`: the seesaw keeps pairs of tiles in sets of "
                           f"{PAIR_STAGES} stages", sched.span_of("stages"), "stages")
+
+    @staticmethod
+    def _seesaw(spec: Spec) -> bool:
+        """The seesaw where asked for or where one warp group cannot hold the value (d_v 512);
+        else the stacked schedule."""
+        return spec.schedule.seesaw or spec.d_v > STACKED_MAX_COLS
+
+    @classmethod
+    def _tile_m(cls, spec: Spec) -> int:
+        return TILE_M if cls._seesaw(spec) else STACKED_TILE_M
 
     @staticmethod
     def _tma_rows(spec: Spec, layout: Layout) -> tuple[int, str]:
@@ -147,13 +182,15 @@ class HopperFamily(Family):
             raise Refusal(f"needs wgmma; {target.name} has none", spec.schedule.span_of("target"))
         self._check(spec, layout)
         sched = spec.schedule
+        seesaw, tile_m = self._seesaw(spec), self._tile_m(spec)
         boxes = spec.d_k // BOX_COLS
         box_bytes = TILE_N * BOX_COLS * 2
+        q_box_bytes = tile_m * BOX_COLS * 2
         kv_tile = boxes * box_bytes
 
         def regions(stages: int) -> dict:
             q_off = 0
-            kv_off = q_off + boxes * TILE_M * BOX_COLS * 2
+            kv_off = q_off + boxes * q_box_bytes
             bar_off = kv_off + stages * kv_tile
             # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs
             # between the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
@@ -166,20 +203,28 @@ class HopperFamily(Family):
                         flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,
                         walk_c_off=work_off + 64, walk_p_off=work_off + 128, smem=work_off + WORK_BYTES)
 
+        def fits(stages: int) -> bool:
+            return regions(stages)["smem"] <= target.smem_per_block
+
         if sched.stages is not None:
             stages = sched.stages
             stages_why = "`stages`"
-        else:
+        elif seesaw:
             # as many sets of a pair's two stages as fit, up to MAX_SETS: with one set the
             # seesaw waits on its copies (a stage refills only once read); a second let GLA-2
             # run 0.83 of one set's time (H200, h_q 128 s_k 8192, s_q 1 and 2, b 8 and 128,
             # bench/RESULTS.md session 13). MLA's 72 KB tiles leave room for one.
-            sets = max([n for n in range(1, MAX_SETS + 1)
-                        if regions(n * PAIR_STAGES)["smem"] <= target.smem_per_block] or [1])
+            sets = max([n for n in range(1, MAX_SETS + 1) if fits(n * PAIR_STAGES)] or [1])
             stages = sets * PAIR_STAGES
             stages_why = (f"{sets} set{'s' if sets > 1 else ''} of a pair's {PAIR_STAGES} stages: "
                           + ("the producer runs up to two pairs ahead" if sets > 1 else
                              f"a second set ({2 * PAIR_STAGES} x {kv_tile} B) does not fit"))
+        else:
+            # stacked: every tile is read by both groups (or one of them, alternately): as many
+            # stages as fit beside the 128-row Q tile, up to MAX_STACKED_STAGES
+            stages = max([n for n in range(2, MAX_STACKED_STAGES + 1) if fits(n)] or [2])
+            stages_why = (f"as many tiles in flight as fit beside the {tile_m}-row Q tile "
+                          f"({boxes} x {q_box_bytes} B), up to {MAX_STACKED_STAGES}")
         r = regions(stages)
         smem = r.pop("smem")
         if smem > target.smem_per_block:
@@ -191,30 +236,46 @@ class HopperFamily(Family):
         # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
         # the roles trade: the producer gives back what the consumers take
         registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
+        out_cols = spec.d_v // 2 if seesaw else spec.d_v
+        if seesaw:
+            tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
+            seesaw_why = ("`seesaw`" if sched.seesaw else
+                          f"chosen: a {spec.d_v}-wide value splits into two {spec.d_v // 2}-column halves, "
+                          "one per consumer warp group")
+        else:
+            tile_m_why = (f"stacked: one wgmma M ({TILE_M} rows) per consumer warp group, each token read "
+                          f"once for {tile_m} rows; a CTA of {TILE_M} rows or fewer: the groups take "
+                          "alternate tiles of the same rows and merge")
+            seesaw_why = (f"not chosen: a {spec.d_v}-wide value fits one warp group's accumulators "
+                          f"({spec.d_v // 2} registers a thread), so each group takes whole rows "
+                          "(stacked); `seesaw` asks for it")
         why = (
-            ("tile_m", f"one wgmma M ({TILE_M} rows) per consumer warp group"),
+            ("tile_m", tile_m_why),
             ("tile_n", "`tile kv`" if sched.tile_kv else f"{TILE_N} tokens: a P tile is one box"),
             ("stages", stages_why),
             ("threads", "a producer warp group and two consumer warp groups"),
-            ("seesaw", "`seesaw`" if sched.seesaw else
-             f"chosen: a {spec.d_v}-wide value splits into two {spec.d_v // 2}-column halves, one "
-             "per consumer warp group"),
+            ("seesaw", seesaw_why),
             ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
-            ("consumer_registers", f"O half ({spec.d_v // 4}) + S (32) + P (16) and the rest: no "
-             "spills (ptxas)"),
-            ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled"),
+            ("consumer_registers", f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
+             "spills (ptxas)" + ("" if seesaw else "; the split mode's merge: 216 spilled")),
+            ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
+             else "what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)"),
             ("tma_rows", tma_why),
-            ("compute_bound", "a 64-row tile reads each token once for 64 rows"),
+            ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
+             "every box: both groups (or the tile's one) release the stage after O += P V"),
+            ("compute_bound", f"a {tile_m}-row tile reads each token once for {tile_m} rows"),
             ("smem_bytes", f"Q + {stages} stages of {boxes} boxes + barriers <= "
              f"{target.smem_per_block} B"),
             DEPENDENT_LAUNCH_WHY[target.dependent_launch],
         )
         return HopperConfig(
-            tile_m=TILE_M, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
+            tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
-            dependent_launch=target.dependent_launch, seesaw=True,
-            consumer_registers=CONSUMER_REGISTERS, producer_registers=PRODUCER_REGISTERS,
-            tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, half_boxes=spec.d_v // 2 // BOX_COLS,
-            p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, kv_tile_bytes=kv_tile,
+            dependent_launch=target.dependent_launch, seesaw=seesaw,
+            consumer_registers=CONSUMER_REGISTERS if seesaw else STACKED_CONSUMER_REGISTERS,
+            producer_registers=PRODUCER_REGISTERS if seesaw else STACKED_PRODUCER_REGISTERS,
+            tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
+            early_boxes=out_cols // BOX_COLS if seesaw else boxes,
+            p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
             **r,
             consumer_barrier=1, producer_barrier=2, barriers=3, why=why)

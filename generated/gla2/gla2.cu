@@ -43,39 +43,41 @@ struct Config {
   static constexpr int kRawPitchBytes = 640;  // a token's raw row (fp8 staging)
 
   // kernel config: hopper family
-  static constexpr int kTileM = 64;  // one wgmma M (64 rows) per consumer warp group
+  static constexpr int kTileM = 128;  // stacked: one wgmma M (64 rows) per consumer warp group, each token read once for 128 rows; a CTA of 64 rows or fewer: the groups take alternate tiles of the same rows and merge
   static constexpr int kTileN = 64;  // 64 tokens: a P tile is one box
-  static constexpr int kStages = 4;  // 2 sets of a pair's 2 stages: the producer runs up to two pairs ahead
+  static constexpr int kStages = 3;  // as many tiles in flight as fit beside the 128-row Q tile (5 x 16384 B), up to 4
   static constexpr int kThreads = 384;  // a producer warp group and two consumer warp groups
-  static constexpr int kSmemBytes = 206944;  // Q + 4 stages of 5 boxes + barriers <= 232448 B
+  static constexpr int kSmemBytes = 206800;  // Q + 3 stages of 5 boxes + barriers <= 232448 B
   static constexpr int kRegisters = 168;  // launch bounds (384 threads, 1 CTA): 168, then setmaxnreg
-  static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
+  static constexpr bool kComputeBound = true;  // a 128-row tile reads each token once for 128 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
-  static constexpr bool kSeesaw = true;  // chosen: a 256-wide value splits into two 128-column halves, one per consumer warp group
-  static constexpr int kConsumerRegisters = 216;  // O half (64) + S (32) + P (16) and the rest: no spills (ptxas)
-  static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
+  static constexpr bool kSeesaw = false;  // not chosen: a 256-wide value fits one warp group's accumulators (128 registers a thread), so each group takes whole rows (stacked); `seesaw` asks for it
+  static constexpr int kConsumerRegisters = 224;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas); the split mode's merge: 216 spilled
+  static constexpr int kProducerRegisters = 56;  // what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
   static constexpr int kBoxes = 5;
   static constexpr int kValueBoxes = 4;
-  static constexpr int kHalfBoxes = 2;
+  static constexpr int kOutBoxes = 4;
+  static constexpr int kEarlyBoxes = 5;  // every box: both groups (or the tile's one) release the stage after O += P V
   static constexpr int kPBox = 4;
   static constexpr int kBoxBytes = 8192;
+  static constexpr int kQBoxBytes = 16384;
   static constexpr int kKVTileBytes = 40960;
   static constexpr int kQOff = 0;
-  static constexpr int kKVOff = 40960;
+  static constexpr int kKVOff = 81920;
   static constexpr int kBarOff = 204800;
-  static constexpr int kFlagsOff = 205088;
+  static constexpr int kFlagsOff = 205024;
   static constexpr int kFlagsPitch = 80;
-  static constexpr int kRowsOff = 205408;
-  static constexpr int kWorkOff = 206688;
-  static constexpr int kWalkCOff = 206752;
-  static constexpr int kWalkPOff = 206816;
+  static constexpr int kRowsOff = 205264;
+  static constexpr int kWorkOff = 206544;
+  static constexpr int kWalkCOff = 206608;
+  static constexpr int kWalkPOff = 206672;
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kProducerBarrier = 2;
   static constexpr int kBarriers = 3;
 };
 
-using Traits = attncc::hopper::SeesawTraits<Config>;  // its static_asserts check the plan
+using Traits = attncc::hopper::HopperTraits<Config>;  // its static_asserts check the plan
 static_assert(Traits::kNumBarriers > 0, "the plan is checked");
 using Decode = attncc::DecodeLaunch<Config>;
 using Combine = attncc::CombineLaunch<Config>;

@@ -43,7 +43,7 @@ struct Config {
   static constexpr int kRawPitchBytes = 1152;  // a token's raw row (fp8 staging)
 
   // kernel config: hopper family
-  static constexpr int kTileM = 64;  // one wgmma M (64 rows) per consumer warp group
+  static constexpr int kTileM = 64;  // one wgmma M (64 rows), both consumer warp groups on the same rows
   static constexpr int kTileN = 64;  // `tile kv`
   static constexpr int kStages = 2;  // `stages`
   static constexpr int kThreads = 384;  // a producer warp group and two consumer warp groups
@@ -52,14 +52,16 @@ struct Config {
   static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kSeesaw = true;  // `seesaw`
-  static constexpr int kConsumerRegisters = 216;  // O half (128) + S (32) + P (16) and the rest: no spills (ptxas)
+  static constexpr int kConsumerRegisters = 216;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
   static constexpr int kBoxes = 9;
   static constexpr int kValueBoxes = 8;
-  static constexpr int kHalfBoxes = 4;
+  static constexpr int kOutBoxes = 4;
+  static constexpr int kEarlyBoxes = 4;  // the value's left half, read last by WG0, released apart
   static constexpr int kPBox = 8;
   static constexpr int kBoxBytes = 8192;
+  static constexpr int kQBoxBytes = 8192;
   static constexpr int kKVTileBytes = 73728;
   static constexpr int kQOff = 0;
   static constexpr int kKVOff = 73728;
@@ -75,7 +77,7 @@ struct Config {
   static constexpr int kBarriers = 3;
 };
 
-using Traits = attncc::hopper::SeesawTraits<Config>;  // its static_asserts check the plan
+using Traits = attncc::hopper::HopperTraits<Config>;  // its static_asserts check the plan
 static_assert(Traits::kNumBarriers > 0, "the plan is checked");
 using Decode = attncc::DecodeLaunch<Config>;
 using Combine = attncc::CombineLaunch<Config>;

@@ -32,6 +32,11 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 
+// `count` arrivals at once (a warp group standing in for two: a stacked stage read by one group).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar, int count) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar), "r"(count) : "memory");
+}
+
 // This thread's arrival is counted when all its cp.async issued so far have landed (noinc:
 // the arrival is one of the `count` the barrier was initialised with).
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {

@@ -1,20 +1,21 @@
 // attncc/hopper/kernel.cuh: the Hopper family's split-KV decode kernels (sm_90a).
 //
-// A CTA of three warp groups takes 64 rows of one kv head (core/work.cuh: CtaWork) for one
-// range of one sequence's KV tiles (split mode) or each piece in turn of a balanced part (part
-// mode, core/schedule.cuh):
+// A CTA of three warp groups takes tile_m rows of one kv head (core/work.cuh: CtaWork; seesaw
+// 64, stacked 128) for one range of one sequence's KV tiles (split mode) or each piece in turn
+// of a balanced part (part mode, core/schedule.cuh):
 //   warp group 2, the producer (produce.cuh; setmaxnreg down to kProducerRegisters): each tile
 //     into its stage box by box, by TMA (a page-64 tile inside the view) or cp.async;
-//   warp groups 0 and 1, the consumers (seesaw.cuh; setmaxnreg up): Q into shared memory, the
-//     seesaw over the pairs, the epilogue.
-// The roles walk the same pieces independently, the producer up to kSets pairs of tiles ahead
-// (traits.cuh: a set is a pair's two stages; two where shared memory holds them); their only
-// contact is the barriers of the stages (FULL per box, FLAGS, EMPTY early/late), whose phases
-// both count per stage across pieces (traits.cuh: Progress).
+//   warp groups 0 and 1, the consumers (setmaxnreg up): Q into shared memory, then the plan's
+//     schedule over the tiles and the epilogue: the seesaw (seesaw.cuh) or stacked (stacked.cuh).
+// The roles walk the same pieces independently, the producer up to kStages tiles ahead; their
+// only contact is the barriers of the stages (FULL per box, FLAGS, EMPTY early/late), whose
+// phases both count per stage across pieces (traits.cuh: Progress).
 //
-// A stage's release, per tile (seesaw.cuh): its early boxes (the value's left half) when WG0 has
+// A stage's release, per tile. Seesaw: its early boxes (the value's left half) when WG0 has
 // read them last, the rest when both groups have; a pair's stage a in its middle, stage b at
-// its end. The producer copies in that order: per pair, stage a early and late, then stage b.
+// its end; the producer copies in that order: per pair, stage a early and late, then stage b.
+// Stacked: the whole stage (one early group) when both groups (or the tile's one) are past its
+// O += P V; the producer fills stage k % kStages with tile k of its stream.
 //
 // Runtime conditions as the mma_sync family's (host-checked in launch.cuh); registers: 168 a
 // thread at launch (384 threads, 1 CTA an SM), then kConsumerRegisters / kProducerRegisters.
@@ -28,6 +29,7 @@
 #include "attncc/hopper/barrier.cuh"
 #include "attncc/hopper/produce.cuh"
 #include "attncc/hopper/seesaw.cuh"
+#include "attncc/hopper/stacked.cuh"
 #include "attncc/hopper/traits.cuh"
 
 namespace attncc {
@@ -66,29 +68,39 @@ __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<
   fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity);
 }
 
-// The producer's part of a piece: its tiles in pairs, each pair's a then b, the order the
-// consumers release them in (seesaw.cuh: a's stage is free after the pair's first products);
-// with more than one set of stages, up to kSets pairs ahead of the consumers.
+// The producer's part of a piece, in the order the consumers release the stages. Seesaw: its
+// tiles in pairs, each pair's a then b (seesaw.cuh: a's stage is free after the pair's first
+// products), up to kSets pairs ahead of the consumers. Stacked: tile k of the stream into stage
+// k % kStages, up to kStages tiles ahead.
 template <class Cfg>
 __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const CtaWork<Cfg>& w, uint32_t sbase,
                                         unsigned char* smem, int p, Progress<Cfg::kStages>& pr) {
-  using T = SeesawTraits<Cfg>;
+  using T = HopperTraits<Cfg>;
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
   SlotSource ss;
   ss.row = a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
   ss.limit = pt.cta_limit;
-  for (int it = 0; it < pt.n_iter; it += 2, ++pr.pairs) {
-    const bool has_b = it + 1 < pt.n_iter;
-    const int sa = 2 * (pr.pairs % T::kSets), sb = sa + 1;
-    produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1);
-    if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1);
-    pr.used(sa);
-    if (has_b) pr.used(sb);
+  if constexpr (T::kSeesaw) {
+    for (int it = 0; it < pt.n_iter; it += 2, ++pr.pairs) {
+      const bool has_b = it + 1 < pt.n_iter;
+      const int sa = 2 * (pr.pairs % T::kSets), sb = sa + 1;
+      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1);
+      if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1);
+      pr.used(sa);
+      if (has_b) pr.used(sb);
+    }
+  } else {
+    for (int it = 0; it < pt.n_iter; ++it, pr.next_tile()) {
+      const int st = pr.stage;
+      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, w.head, sbase, smem, st, p, pr.parity(st) ^ 1);
+      pr.used(st);
+    }
   }
 }
 
-// The consumers' part of a piece: Q, then the seesaw (seesaw.cuh).
+// The consumers' part of a piece: Q, then the seesaw (seesaw.cuh) or the stacked schedule
+// (stacked.cuh).
 template <class Cfg>
 __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, unsigned char* smem, int ct,
                                               Progress<Cfg::kStages>& pr) {
@@ -107,21 +119,25 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
       const long long row = (static_cast<long long>(w.b) * a.s_q + w.row_token(R)) * Cfg::kHeadsQ + w.head * Cfg::kGroup + w.row_head(R);
       src = q_any + row * Cfg::kDK * 2 + ch * 16;
     }
-    cp_async_16(sbase + Cfg::kQOff + (ch / 8) * Cfg::kBoxBytes + sw128(r, ch % 8), src, R < w.rows_total);
+    cp_async_16(sbase + Cfg::kQOff + (ch / 8) * Cfg::kQBoxBytes + sw128(r, ch % 8), src, R < w.rows_total);
   }
   cp_async_commit();
   cp_async_wait<0>();
   fence_async_shared();
   bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // Q and the work stash visible
-  consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
+  if constexpr (Cfg::kSeesaw) {
+    consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
+  } else {
+    consume_stacked<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
+  }
 }
 
 template <class Cfg>
 __device__ __forceinline__ void init_barriers(uint32_t sbase) {
-  using T = SeesawTraits<Cfg>;
+  using T = HopperTraits<Cfg>;
   for (int s = 0; s < T::kStages; ++s) {
     for (int b = 0; b < T::kBoxes; ++b) mbarrier_init(T::full(sbase, s, b), kGroupThreads);
-    mbarrier_init(T::empty_early(sbase, s), kGroupThreads);
+    mbarrier_init(T::empty_early(sbase, s), (T::kSeesaw ? 1 : 2) * kGroupThreads);  // seesaw: WG0; stacked: both
     mbarrier_init(T::empty_late(sbase, s), 2 * kGroupThreads);
     mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
   }

@@ -80,7 +80,7 @@ struct TileTokens {
   // box's FULL (counted when those copies land).
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
-    using T = SeesawTraits<Cfg>;
+    using T = HopperTraits<Cfg>;
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr int I = box_source<Cfg>(box);
@@ -120,7 +120,7 @@ struct TmaTile {
   // its copy, the others arrive.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int stage, int head, int p) const {
-    using T = SeesawTraits<Cfg>;
+    using T = HopperTraits<Cfg>;
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr Source src = Cfg::kSources[box_source<Cfg>(box)];
@@ -138,17 +138,19 @@ struct TmaTile {
 
 // A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the
 // tensor maps): each group of boxes after its EMPTY wait (the release of the stage's previous
-// tile), the flags before the early group.
+// tile), the flags before the early group (stacked: the only one).
 template <class Cfg, class Tile, class From>
 __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, uint32_t sbase, unsigned char* smem, int stage, int head,
                                            int p, int parity) {
-  using T = SeesawTraits<Cfg>;
+  using T = HopperTraits<Cfg>;
   mbarrier_wait(T::empty_early(sbase, stage), parity);
   tile.write_flags(smem + T::stage_flags(stage), p);
   mbarrier_arrive(T::flags_bar(sbase, stage));
-  tile.template copy_boxes<0, T::kHalf>(from, sbase, stage, head, p);
-  mbarrier_wait(T::empty_late(sbase, stage), parity);
-  tile.template copy_boxes<T::kHalf, T::kBoxes>(from, sbase, stage, head, p);
+  tile.template copy_boxes<0, T::kEarly>(from, sbase, stage, head, p);
+  if constexpr (T::kEarly < T::kBoxes) {
+    mbarrier_wait(T::empty_late(sbase, stage), parity);
+    tile.template copy_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
+  }
 }
 
 }  // namespace hopper

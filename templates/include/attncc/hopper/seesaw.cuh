@@ -46,109 +46,12 @@
 #include "attncc/core/softmax.cuh"
 #include "attncc/core/work.cuh"
 #include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/tile.cuh"
 #include "attncc/hopper/traits.cuh"
 #include "attncc/hopper/wgmma.cuh"
 
 namespace attncc {
 namespace hopper {
-
-__device__ __forceinline__ int lds8(uint32_t addr) {
-  unsigned v;
-  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return static_cast<int>(v);
-}
-
-// A consumer thread's place in the 64 x N accumulator of its warp group: rows r and r + 8,
-// columns 8 i + 2 (t % 4) + {0, 1}.
-struct Frag {
-  int r, q;  // row (0..55), t % 4
-  __device__ __forceinline__ explicit Frag(int t) : r(16 * (t / 32) + (t % 32) / 4), q(t % 4) {}
-};
-
-// S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed.
-template <class Cfg>
-__device__ __forceinline__ void scores(float (&s)[32], uint32_t sbase, int stage, int parity) {
-  using T = SeesawTraits<Cfg>;
-  const uint32_t q = sbase + Cfg::kQOff, kv = T::stage_box(sbase, stage, 0);
-  fence();
-  static_for<T::kBoxes>([&](auto i) {
-    constexpr int box = decltype(i)::value;
-    mbarrier_wait(T::full(sbase, stage, box), parity);
-    fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
-#pragma unroll
-    for (int kk = 0; kk < kBoxCols / 16; ++kk)
-      mma_ss<Cfg::kTileN, false>(s, desc_k_major(q, Cfg::kBoxBytes, box * kBoxCols + 16 * kk),
-                                 desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk), decltype(i)::value > 0 || kk > 0);
-  });
-  commit_group();
-  wait_group<0>();
-}
-
-// Masks S (-inf) where a row may not see a token, when the tile needs it (warp-uniform: tiles
-// that reach past the first row's limit, or with a flagged token); returns the row maxima of
-// the raw scores (the quad's 4 threads hold a row).
-template <class Cfg>
-__device__ __forceinline__ void mask_and_max(float (&s)[32], float (&mx)[2], const Frag& f, int pos0, int full_limit,
-                                             const int (&row_limit)[2], uint32_t flags) {
-  const uint4 any = lds128(flags + Cfg::kTileN);
-  if (pos0 + Cfg::kTileN > full_limit || (any.x | any.y | any.z | any.w) != 0) {
-#pragma unroll
-    for (int i = 0; i < Cfg::kTileN / 8; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int col = 8 * i + 2 * f.q + (j & 1);
-        if (pos0 + col >= row_limit[j >> 1] || lds8(flags + col) != 0) s[4 * i + j] = -INFINITY;
-      }
-  }
-  mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < Cfg::kTileN / 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) mx[j >> 1] = fmaxf(mx[j >> 1], s[4 * i + j]);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-  }
-}
-
-// P = 2^(S c - m) in place (0 where m is -inf: nothing seen yet), and the thread's row sums.
-template <class Cfg>
-__device__ __forceinline__ void exponentiate(float (&s)[32], const float (&m)[2], float c, float (&sum)[2]) {
-  const float mb[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
-  sum[0] = sum[1] = 0.f;
-#pragma unroll
-  for (int i = 0; i < Cfg::kTileN / 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s[4 * i + j] = fast_exp2(fmaf(s[4 * i + j], c, -mb[j >> 1]));
-      sum[j >> 1] += s[4 * i + j];
-    }
-}
-
-// The scale of a row state moving from max m_old to m_new (1 while nothing is seen).
-__device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
-  return m_new == -INFINITY ? 1.f : fast_exp2(m_old - m_new);
-}
-
-template <int kAcc>
-__device__ __forceinline__ void scale_rows(float (&o)[kAcc], const float (&c)[2]) {
-#pragma unroll
-  for (int i = 0; i < kAcc / 4; ++i) {
-    o[4 * i] *= c[0], o[4 * i + 1] *= c[0];
-    o[4 * i + 2] *= c[1], o[4 * i + 3] *= c[1];
-  }
-}
-
-// P (64 x 64 fp32 accumulator layout) as the A operand of an RS wgmma: k-step kk's registers.
-template <class Cfg>
-__device__ __forceinline__ void pack_p(const float (&p)[32], uint32_t (&a)[Cfg::kTileN / 16][4]) {
-  using E = Elem16<Cfg::kElem>;
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[kk][r] = E::pack(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
-}
 
 // P into a box (K-major A operand of an SS wgmma: row r, token column c at sw128(r, c / 8)).
 template <class Cfg>
@@ -160,25 +63,17 @@ __device__ __forceinline__ void store_p(uint32_t box, const float (&p)[32], cons
     for (int h = 0; h < 2; ++h) sts32(box + sw128(f.r + 8 * h, i) + 4 * f.q, E::pack(p[4 * i + 2 * h], p[4 * i + 2 * h + 1]));
 }
 
-// O += P V over one half (box0: its first box) of a stage's value, P from registers.
-template <class Cfg, int kAcc>
-__device__ __forceinline__ void pv_rs(float (&o)[kAcc], const uint32_t (&a)[Cfg::kTileN / 16][4], uint32_t box0) {
-  fence();
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk) mma_rs<2 * kAcc, true>(o, a[kk], desc_n_major(box0, Cfg::kBoxBytes, 16 * kk), 1);
-  commit_group();
-  wait_group<0>();
-}
-
 // O += P V with P from shared memory (box p_box).
 template <class Cfg, int kAcc>
 __device__ __forceinline__ void pv_ss(float (&o)[kAcc], uint32_t p_box, uint32_t box0) {
+  pin(o);
   fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
     mma_ss<2 * kAcc, true>(o, desc_k_major(p_box, Cfg::kBoxBytes, 16 * kk), desc_n_major(box0, Cfg::kBoxBytes, 16 * kk), 1);
   commit_group();
   wait_group<0>();
+  pin(o);
 }
 
 // The shared row state: m, c_a, c_b, then l of each warp group (floats per row), by 32-bit
@@ -202,7 +97,7 @@ struct RowState {
 template <class Cfg>
 __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>& w, int n_iter, int kv_len, uint32_t sbase,
                                         unsigned char* smem, int wg, int t, Progress<Cfg::kStages>& pr) {
-  using T = SeesawTraits<Cfg>;
+  using T = HopperTraits<Cfg>;
   constexpr int kAcc = T::kAcc;
   const Frag f(t);
   static_assert(Cfg::kTileM == RowState::kRows, "row state of 64 rows");
@@ -233,7 +128,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
     uint32_t pa[Cfg::kTileN / 16][4];
     if (wg == 0) {
       const int parity = pr.parity(sa);
-      scores<Cfg>(s, sbase, sa, parity);
+      scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sa, parity);
       mbarrier_wait(T::flags_bar(sbase, sa), parity);
       mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit, sbase + T::stage_flags(sa));
 #pragma unroll
@@ -272,7 +167,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
     } else {
       if (has_b) {
         const int parity = pr.parity(sb);
-        scores<Cfg>(s, sbase, sb, parity);
+        scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sb, parity);
         mbarrier_wait(T::flags_bar(sbase, sb), parity);
         mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
                           sbase + T::stage_flags(sb));
@@ -305,11 +200,11 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       mbarrier_arrive(T::p_b(sbase));  // P_B
       scale_rows(o, ca);
       mbarrier_wait(T::p_a(sbase), pair);  // P_A
-      pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kHalf));  // O_R += P_a V_a[:, R]
+      pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kOut));  // O_R += P_a V_a[:, R]
       mbarrier_arrive(T::empty_late(sbase, sa));
       scale_rows(o, cb);
       if (has_b) {
-        pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kHalf));  // O_R += P_b V_b[:, R]
+        pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kOut));  // O_R += P_b V_b[:, R]
         mbarrier_arrive(T::empty_late(sbase, sb));
       }
     }
@@ -326,30 +221,13 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
   }
   bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);
   const CtaWork<Cfg> we = unstash_work<Cfg>(smem + Cfg::kWorkOff);
-  const bool direct = we.slot < 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int R = we.mb * Cfg::kTileM + f.r + 8 * h;
     if (R >= we.rows_total) continue;
     const float lt = rs.l(0, f.r + 8 * h) + rs.l(1, f.r + 8 * h);
-    const int tq = we.row_token(R);
-    const int hq = we.head * Cfg::kGroup + we.row_head(R);
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
-    const float lse = row_lse(m[h], lt);
-    const int c0 = wg * T::kHalfCols + 2 * f.q;
-    if (direct) {
-      using E = Elem16<Cfg::kElem>;
-      auto* out = static_cast<typename E::T*>(a.out) + we.out_row(s_q, tq, hq) * Cfg::kDV + c0;
-#pragma unroll
-      for (int i = 0; i < kAcc / 4; ++i) *reinterpret_cast<uint32_t*>(out + 8 * i) = E::pack(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-      if (wg == 0 && f.q == 0) a.lse[we.lse_index(s_q, tq, hq)] = lse;
-    } else {
-      const long long prow = we.partial_row(a, tq, hq);
-      float* out = a.partial_out + prow * Cfg::kDV + c0;
-#pragma unroll
-      for (int i = 0; i < kAcc / 4; ++i) *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-      if (wg == 0 && f.q == 0) a.partial_lse[prow] = lse;
-    }
+    write_row<Cfg, 0, kAcc>(a, we, o, h, R, lt > 0.f ? 1.f / lt : 0.f, row_lse(m[h], lt), wg * T::kOutCols + 2 * f.q,
+                            wg == 0 && f.q == 0);
   }
 }
 

@@ -39,34 +39,48 @@ __host__ __device__ constexpr bool boxes_filled() {
 
 // Where a role is in its stream of tiles, across the pieces it walks: per stage the parity of
 // the tiles it has held (bit s: the phase its barriers are in; a bit mask, not an array, which a
-// runtime stage index would put on the stack) and the pairs so far (pair i is in the stages of
-// set i % kSets; the handoffs between the consumer warp groups complete once a pair).
+// runtime stage index would put on the stack) and the pairs so far (seesaw: pair i is in the
+// stages of set i % kSets; the handoffs between the consumer warp groups complete once a pair)
+// or the tiles so far (stacked: tile k in stage k % kStages).
 template <int kStages>
 struct Progress {
   static_assert(kStages <= 32, "a bit per stage");
   uint32_t phases = 0;
-  int pairs = 0;
+  int pairs = 0;  // seesaw: pairs of tiles so far
+  int tiles = 0;  // stacked: tiles so far (tile k in stage k % kStages) ...
+  int stage = 0;  // ... and the next tile's stage (kept, not divided out: the producer's registers)
+  __device__ __forceinline__ void next_tile() {
+    ++tiles;
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
   __device__ __forceinline__ int parity(int stage) const { return static_cast<int>(phases >> stage) & 1; }
   __device__ __forceinline__ void used(int stage) { phases ^= 1u << stage; }
 };
 
+// The plan as both schedules read it: the seesaw (seesaw.cuh: 64 rows, each consumer warp group
+// half of the output) and the stacked schedule (stacked.cuh: 128 rows, each group 64 of them, or
+// 64 rows and alternate tiles, and the whole output).
 template <class Cfg>
-struct SeesawTraits {
+struct HopperTraits {
   static constexpr int kThreads = Cfg::kThreads;
+  static constexpr bool kSeesaw = Cfg::kSeesaw;
   static constexpr int kM = Cfg::kTileM, kN = Cfg::kTileN, kStages = Cfg::kStages;
-  static constexpr int kSets = kStages / 2;  // pair i of tiles is in stages 2 (i % kSets) and 2 (i % kSets) + 1
+  static constexpr int kGroupRows = 64;                 // a consumer warp group's wgmma M
+  static constexpr int kSets = kStages / 2;  // seesaw: pair i of tiles is in stages 2 (i % kSets) and 2 (i % kSets) + 1
   static constexpr int kBoxes = Cfg::kBoxes;            // of a staged row (and of a Q row)
   static constexpr int kValueBoxes = Cfg::kValueBoxes;  // the value's: boxes [0, kValueBoxes)
-  static constexpr int kHalf = Cfg::kHalfBoxes;         // per consumer warp group's output half
-  static constexpr int kPBox = Cfg::kPBox;              // the key-only box that holds the stage's P
-  static constexpr int kBoxBytes = Cfg::kBoxBytes;
+  static constexpr int kOut = Cfg::kOutBoxes;           // of a consumer warp group's output
+  static constexpr int kEarly = Cfg::kEarlyBoxes;       // of a stage's early group
+  static constexpr int kPBox = Cfg::kPBox;              // seesaw: the key-only box that holds the stage's P
+  static constexpr int kBoxBytes = Cfg::kBoxBytes;      // a box of a KV tile (kN rows)
+  static constexpr int kQBoxBytes = Cfg::kQBoxBytes;    // a box of the Q tile (kM rows)
   static constexpr int kKVTileBytes = Cfg::kKVTileBytes;
-  static constexpr int kHalfCols = kHalf * kBoxCols;    // output columns per consumer warp group
-  static constexpr int kAcc = kHalfCols / 2;            // its accumulator registers (64 x N fp32 / 128)
+  static constexpr int kOutCols = kOut * kBoxCols;      // output columns per consumer warp group
+  static constexpr int kAcc = kOutCols / 2;             // its accumulator registers (64 x N fp32 / 128)
 
-  // A stage's boxes are loaded and read in order; boxes [0, kHalf) are its early group (EMPTY
-  // early: the value's left half, which WG0 reads last), the rest its late group (EMPTY late).
-  // Box b of stage s, in shared memory:
+  // A stage's boxes are loaded and read in order; boxes [0, kEarly) are its early group (EMPTY
+  // early; seesaw: the value's left half, which WG0 reads last; stacked: all), the rest its late
+  // group (EMPTY late). Box b of stage s, in shared memory:
   __device__ static uint32_t stage_box(uint32_t base, int s, int b) { return base + Cfg::kKVOff + s * kKVTileBytes + b * kBoxBytes; }
   // Stage s's flags (produce.cuh: a byte per token, then a word per producer warp), in bytes
   // from the base of shared memory.
@@ -89,27 +103,31 @@ struct SeesawTraits {
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(!Cfg::kSparse, "dense caches (block table)");
   static_assert(Cfg::kTmaRows == 0 || (Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0), "a TMA copy of a box: a tile of one page");
-  static_assert(Cfg::kSeesaw && kStages >= 2 && kStages % 2 == 0, "the seesaw: pairs of tiles, a pair in two stages");
-  static_assert(kM == 64 && kN == 64, "64 rows (one wgmma M) x 64 tokens (a P tile is one box)");
+  static_assert(kStages >= 2 && (!kSeesaw || kStages % 2 == 0), "the seesaw: pairs of tiles, a pair in two stages");
+  static_assert(kM == (kSeesaw ? 1 : 2) * kGroupRows && kN == 64,
+                "seesaw 64 rows (one wgmma M), stacked 128 (one per consumer warp group) x 64 tokens (a P tile is one box)");
   static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
-  static_assert(Cfg::kDK == kBoxes * kBoxCols && Cfg::kDV == kValueBoxes * kBoxCols && kValueBoxes == 2 * kHalf &&
-                    (kHalfCols == 64 || kHalfCols == 128 || kHalfCols == 256),
-                "key of whole boxes; value of two halves of 64, 128 or 256 columns (a wgmma N)");
+  static_assert(Cfg::kDK == kBoxes * kBoxCols && Cfg::kDV == kValueBoxes * kBoxCols && kValueBoxes == (kSeesaw ? 2 : 1) * kOut &&
+                    (kOutCols == 64 || kOutCols == 128 || kOutCols == 256),
+                "key of whole boxes; a warp group's output (seesaw: half the value; stacked: all) of 64, 128 or 256 columns (a wgmma N)");
+  static_assert(kEarly == (kSeesaw ? kOut : kBoxes), "EMPTY early: seesaw the value's left half, stacked the whole stage");
   static_assert(Cfg::kNumKeyRuns == 1 && Cfg::kKeyRuns[0].col == 0 && Cfg::kKeyRuns[0].width == Cfg::kDK &&
                     Cfg::kNumValueRuns == 1 && Cfg::kValueRuns[0].col == 0 && Cfg::kValueRuns[0].width == Cfg::kDV,
                 "key = all staged columns, value = the first d_v");
   static_assert(kPBox >= kValueBoxes && kPBox < kBoxes, "P goes in a key-only box");
   static_assert(boxes_filled<Cfg>(), "every box filled by one 16-bit source, 16-byte aligned");
-  static_assert(kBoxBytes == kN * 128 && kBoxBytes == kM * 128 && kKVTileBytes == kBoxes * kBoxBytes, "boxes of 128-byte rows");
+  static_assert(kBoxBytes == kN * 128 && kQBoxBytes == kM * 128 && kKVTileBytes == kBoxes * kBoxBytes, "boxes of 128-byte rows");
+  static_assert(!kSeesaw || kBoxBytes == kQBoxBytes, "seesaw: a P tile (64 rows) is a box of the stage");
   static_assert(Cfg::kQOff % 1024 == 0 && Cfg::kKVOff % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms 1024-aligned");
-  static_assert(Cfg::kKVOff >= Cfg::kQOff + kBoxes * kBoxBytes && kBarOff >= Cfg::kKVOff + kStages * kKVTileBytes && kBarOff % 8 == 0 &&
+  static_assert(Cfg::kKVOff >= Cfg::kQOff + kBoxes * kQBoxBytes && kBarOff >= Cfg::kKVOff + kStages * kKVTileBytes && kBarOff % 8 == 0 &&
                     Cfg::kFlagsOff >= kBarOff + 8 * kNumBarriers && Cfg::kFlagsOff % 16 == 0 && Cfg::kFlagsPitch >= kN + 16 && Cfg::kFlagsPitch % 16 == 0 &&
                     Cfg::kRowsOff >= Cfg::kFlagsOff + kStages * Cfg::kFlagsPitch && Cfg::kRowsOff % 16 == 0 &&
-                    Cfg::kWorkOff >= Cfg::kRowsOff + 5 * kM * 4 && Cfg::kWalkCOff >= Cfg::kWorkOff + 9 * 4 &&
+                    Cfg::kWorkOff >= Cfg::kRowsOff + 5 * kGroupRows * 4 && Cfg::kWalkCOff >= Cfg::kWorkOff + 9 * 4 &&
                     Cfg::kWalkPOff >= Cfg::kWalkCOff + 12 * 4 && Cfg::kSmemBytes >= Cfg::kWalkPOff + 12 * 4,
                 "shared-memory plan: disjoint regions in order");
   static_assert(Cfg::kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB");
-  static_assert(2 * kGroupThreads * Cfg::kConsumerRegisters + kGroupThreads * Cfg::kProducerRegisters <= 65536 &&
+  // setmaxnreg trades within the registers the CTA was launched with: an increase past them waits forever
+  static_assert(2 * kGroupThreads * Cfg::kConsumerRegisters + kGroupThreads * Cfg::kProducerRegisters <= Cfg::kRegisters * kThreads &&
                     Cfg::kConsumerRegisters % 8 == 0 && Cfg::kProducerRegisters % 8 == 0 && Cfg::kProducerRegisters >= 24 &&
                     Cfg::kConsumerRegisters <= 256 && Cfg::kRegisters * kThreads <= 65536,
                 "setmaxnreg budgets fit the register file");

@@ -49,6 +49,24 @@ __device__ __forceinline__ uint64_t desc_n_major(uint32_t tile0, int k0, int lea
   return desc_sw128(tile0 + k0 * 128, leading, stride);
 }
 
+// Pins registers an asynchronous wgmma reads or writes to this point of the instruction order:
+// the compiler may otherwise move a read of an accumulator (a data dependency on the wgmma,
+// not on its wait) between the wgmma and wait_group, or a write of an operand between fence()
+// and the wgmma, and ptxas then serializes the wgmmas (C7514). Before fence() on the operands,
+// after wait_group on the results.
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N, int M>
+__device__ __forceinline__ void pin(uint32_t (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
@@ -112,6 +130,19 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b
   }
 }
 
+// D[64 x 64] = A[64 x 16] B[16 x 64], both K-major from shared memory: the first k-step of a
+// product, D written only (with mma_ss's "+f" the compiler may define D's old value between
+// the fence and this instruction, and ptxas then serializes the wgmmas: C7514).
+__device__ __forceinline__ void mma_ss_first(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0, 1, 1, 0, 0;\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "l"(a), "l"(b));
+}
 
 // D[64 x N] (+)= A[64 x 16] B[16 x N] with A in registers: thread t holds a[0..3], bf16 pairs of
 // row r = 16 (t / 32) + (t % 32) / 4: a[0] columns 2 (t % 4) + {0, 1} of row r, a[1] the same of

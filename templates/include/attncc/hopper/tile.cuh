@@ -1,0 +1,163 @@
+// attncc/hopper/tile.cuh: what both consumer schedules of the Hopper family (seesaw.cuh,
+// stacked.cuh) do with a KV tile in a consumer warp group: S = Q K^T (wgmma SS), the mask and
+// the row maxima, P = 2^(S c - m), O += P V with P from registers (wgmma RS), and the write of
+// a finished row (out and lse, or the partials). Every function is one warp group's, on its
+// 64 x N accumulators (wgmma.cuh: thread t holds rows r and r + 8, columns 8 i + 2 (t % 4) + {0, 1}).
+#pragma once
+
+#include "attncc/abi.h"
+#include "attncc/core/common.cuh"
+#include "attncc/core/ptx.cuh"
+#include "attncc/core/softmax.cuh"
+#include "attncc/core/work.cuh"
+#include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/traits.cuh"
+#include "attncc/hopper/wgmma.cuh"
+
+namespace attncc {
+namespace hopper {
+
+__device__ __forceinline__ int lds8(uint32_t addr) {
+  unsigned v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return static_cast<int>(v);
+}
+
+// A consumer thread's place in the 64 x N accumulator of its warp group: rows r and r + 8,
+// columns 8 i + 2 (t % 4) + {0, 1}.
+struct Frag {
+  int r, q;  // row (0..55), t % 4
+  __device__ __forceinline__ explicit Frag(int t) : r(16 * (t / 32) + (t % 32) / 4), q(t % 4) {}
+};
+
+// S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed;
+// q: the warp group's 64 rows in the Q tile's first box.
+template <class Cfg>
+__device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity) {
+  using T = HopperTraits<Cfg>;
+  const uint32_t kv = T::stage_box(sbase, stage, 0);
+  fence();
+  static_for<T::kBoxes>([&](auto i) {
+    constexpr int box = decltype(i)::value;
+    mbarrier_wait(T::full(sbase, stage, box), parity);
+    fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
+#pragma unroll
+    for (int kk = 0; kk < kBoxCols / 16; ++kk) {
+      const uint64_t qd = desc_k_major(q, T::kQBoxBytes, box * kBoxCols + 16 * kk), kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);
+      if (box == 0 && kk == 0) {
+        mma_ss_first(s, qd, kd);
+      } else {
+        mma_ss<Cfg::kTileN, false>(s, qd, kd, 1);
+      }
+    }
+  });
+  commit_group();
+  wait_group<0>();
+  pin(s);
+}
+
+// Masks S (-inf) where a row may not see a token, when the tile needs it (warp-uniform: tiles
+// that reach past the first row's limit, or with a flagged token); returns the row maxima of
+// the raw scores (the quad's 4 threads hold a row).
+template <class Cfg>
+__device__ __forceinline__ void mask_and_max(float (&s)[32], float (&mx)[2], const Frag& f, int pos0, int full_limit,
+                                             const int (&row_limit)[2], uint32_t flags) {
+  const uint4 any = lds128(flags + Cfg::kTileN);
+  if (pos0 + Cfg::kTileN > full_limit || (any.x | any.y | any.z | any.w) != 0) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kTileN / 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = 8 * i + 2 * f.q + (j & 1);
+        if (pos0 + col >= row_limit[j >> 1] || lds8(flags + col) != 0) s[4 * i + j] = -INFINITY;
+      }
+  }
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < Cfg::kTileN / 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mx[j >> 1] = fmaxf(mx[j >> 1], s[4 * i + j]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+}
+
+// P = 2^(S c - m) in place (0 where m is -inf: nothing seen yet), and the thread's row sums.
+template <class Cfg>
+__device__ __forceinline__ void exponentiate(float (&s)[32], const float (&m)[2], float c, float (&sum)[2]) {
+  const float mb[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < Cfg::kTileN / 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[4 * i + j] = fast_exp2(fmaf(s[4 * i + j], c, -mb[j >> 1]));
+      sum[j >> 1] += s[4 * i + j];
+    }
+}
+
+// The scale of a row state moving from max m_old to m_new (1 while nothing is seen).
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
+  return m_new == -INFINITY ? 1.f : fast_exp2(m_old - m_new);
+}
+
+template <int kAcc>
+__device__ __forceinline__ void scale_rows(float (&o)[kAcc], const float (&c)[2]) {
+#pragma unroll
+  for (int i = 0; i < kAcc / 4; ++i) {
+    o[4 * i] *= c[0], o[4 * i + 1] *= c[0];
+    o[4 * i + 2] *= c[1], o[4 * i + 3] *= c[1];
+  }
+}
+
+// P (64 x 64 fp32 accumulator layout) as the A operand of an RS wgmma: k-step kk's registers.
+template <class Cfg>
+__device__ __forceinline__ void pack_p(const float (&p)[32], uint32_t (&a)[Cfg::kTileN / 16][4]) {
+  using E = Elem16<Cfg::kElem>;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[kk][r] = E::pack(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
+}
+
+// O += P V over the columns of a stage's value from box0 (2 kAcc of them), P from registers.
+template <class Cfg, int kAcc>
+__device__ __forceinline__ void pv_rs(float (&o)[kAcc], uint32_t (&a)[Cfg::kTileN / 16][4], uint32_t box0) {
+  pin(o);
+  pin(a);
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk) mma_rs<2 * kAcc, true>(o, a[kk], desc_n_major(box0, Cfg::kBoxBytes, 16 * kk), 1);
+  commit_group();
+  wait_group<0>();
+  pin(o);
+}
+
+// Row h (f.r + 8 h, CTA row R) of this thread's accumulators o[kFrom, kTo), whose o[0] is output
+// column col0, scaled by inv: into out (and lse, where with_lse) when the CTA holds the
+// sequence's whole range, else into the partials for the combine.
+template <class Cfg, int kFrom, int kTo, int kAcc>
+__device__ __forceinline__ void write_row(const AttnccArgs& a, const CtaWork<Cfg>& w, const float (&o)[kAcc], int h, int R, float inv,
+                                          float lse, int col0, bool with_lse) {
+  static_assert(kFrom % 4 == 0 && kTo % 4 == 0 && 0 <= kFrom && kFrom < kTo && kTo <= kAcc, "whole 8-column groups");
+  const int tq = w.row_token(R);
+  const int hq = w.head * Cfg::kGroup + w.row_head(R);
+  if (w.slot < 0) {
+    using E = Elem16<Cfg::kElem>;
+    auto* out = static_cast<typename E::T*>(a.out) + w.out_row(a.s_q, tq, hq) * Cfg::kDV + col0;
+#pragma unroll
+    for (int i = kFrom / 4; i < kTo / 4; ++i) *reinterpret_cast<uint32_t*>(out + 8 * i) = E::pack(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+    if (with_lse) a.lse[w.lse_index(a.s_q, tq, hq)] = lse;
+  } else {
+    const long long prow = w.partial_row(a, tq, hq);
+    float* out = a.partial_out + prow * Cfg::kDV + col0;
+#pragma unroll
+    for (int i = kFrom / 4; i < kTo / 4; ++i) *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+    if (with_lse) a.partial_lse[prow] = lse;
+  }
+}
+
+}  // namespace hopper
+}  // namespace attncc
