@@ -64,6 +64,11 @@ EXTRA = {
     # (halves of 64) at page 64 (TMA); the rope shared by the kv heads
     "gla2_page5": gla("gla2_page5", heads=128, kv=2, page=5),
     "gla2_d128": gla("gla2_d128", heads=128, kv=2, latent=128, sq=1, causal=False),
+    # values of <= 256 run stacked (128-row CTAs): a group of 96 gives row blocks of 96 rows
+    # (s_q 1: each warp group its own rows, the second's 32 past the end masked) and, at s_q 2, 128
+    # rows then 64 (that row block's groups alternate tiles and merge); the seesaw on them too
+    "gla_g96": gla("gla_g96", heads=192, kv=2, page=16),
+    "gla2_seesaw": gla("gla2_seesaw", heads=128, kv=2, extra="schedule gla2_seesaw {\n    seesaw\n}\n"),
     "mla_fp8_per64": """attention mla_fp8_per64 {
     heads q = 32, kv = 1
     cache paged(64) {

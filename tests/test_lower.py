@@ -115,21 +115,32 @@ def assert_hopper_legal(plan: Plan) -> None:
     """Every constraint the Hopper kernel states (hopper/traits.cuh's static_asserts)."""
     cfg, lay = plan.config, plan.layout
     assert plan.elem == "bf16" and not plan.sparse and not lay.fp8
-    assert (cfg.tile_m, cfg.tile_n, cfg.threads) == (64, 64, 384) and cfg.seesaw
-    assert cfg.stages >= 2 and cfg.stages % 2 == 0  # sets of a pair's two stages
-    assert plan.d_k == 64 * cfg.boxes and plan.d_v == 64 * cfg.value_boxes == 128 * cfg.half_boxes
+    if cfg.seesaw:  # 64 rows, each consumer warp group half of the output; pairs of tiles
+        assert (cfg.tile_m, cfg.tile_n, cfg.threads) == (64, 64, 384)
+        assert cfg.stages >= 2 and cfg.stages % 2 == 0  # sets of a pair's two stages
+        assert plan.d_v == 64 * cfg.value_boxes == 128 * cfg.out_boxes and cfg.early_boxes == cfg.out_boxes
+        assert cfg.value_boxes <= cfg.p_box < cfg.boxes
+    else:  # stacked: 128 rows, each group 64 of them (or alternate tiles) and the whole output
+        assert (cfg.tile_m, cfg.tile_n, cfg.threads) == (128, 64, 384) and plan.d_v <= 256
+        assert cfg.stages >= 2 and plan.d_v == 64 * cfg.value_boxes == 64 * cfg.out_boxes
+        assert cfg.early_boxes == cfg.boxes
+        # the split mode's merge goes through the Q tile: O's two halves and (m, l) per thread
+        assert 2 * (plan.d_v // 4) * 128 * 4 + 2 * 128 * 16 <= cfg.boxes * cfg.q_box_bytes
+    assert plan.d_k == 64 * cfg.boxes
     assert lay.key_runs == ((0, plan.d_k),) and lay.value_runs == ((0, plan.d_v),)
-    assert cfg.value_boxes <= cfg.p_box < cfg.boxes and plan.group >= 64
+    assert plan.group >= 64
     for s in lay.sources:
         assert s.smem_col % 64 == 0 and s.width % 64 == 0
-    assert cfg.box_bytes == 64 * 128 and cfg.kv_tile_bytes == cfg.boxes * cfg.box_bytes
-    assert cfg.q_off % 1024 == 0 and cfg.kv_off == cfg.q_off + cfg.boxes * cfg.box_bytes
+    assert cfg.box_bytes == 64 * 128 and cfg.q_box_bytes == cfg.tile_m * 128
+    assert cfg.kv_tile_bytes == cfg.boxes * cfg.box_bytes
+    assert cfg.q_off % 1024 == 0 and cfg.kv_off == cfg.q_off + cfg.boxes * cfg.q_box_bytes
     assert cfg.bar_off == cfg.kv_off + cfg.stages * cfg.kv_tile_bytes
     assert cfg.flags_off >= cfg.bar_off + 8 * (cfg.stages * (cfg.boxes + 3) + 3) and cfg.flags_off % 16 == 0
     assert cfg.flags_pitch >= 80
     assert cfg.rows_off >= cfg.flags_off + cfg.stages * cfg.flags_pitch and cfg.rows_off % 16 == 0
     assert cfg.work_off >= cfg.rows_off + 5 * 64 * 4 and cfg.smem_bytes <= TARGETS[plan.target].smem_per_block
-    assert 256 * cfg.consumer_registers + 128 * cfg.producer_registers <= 65536
+    # setmaxnreg trades within the launch's registers (an increase past them never returns)
+    assert 256 * cfg.consumer_registers + 128 * cfg.producer_registers <= cfg.registers * cfg.threads
     assert len({cfg.consumer_barrier, cfg.producer_barrier}) == 2 and 0 not in (
         cfg.consumer_barrier, cfg.producer_barrier) and cfg.barriers <= 16
 
@@ -606,7 +617,7 @@ def test_seesaw_is_applied_by_the_hopper_family_and_explained():
         k = attncc.compile(REPO / "examples" / "mla.attn")
     assert k.plan.family == "hopper" and k.plan.not_applied == () and k.plan.config.seesaw
     text = k.explain()
-    assert re.search(r"family hopper \(sm_90a warp-specialized wgmma, seesaw schedule\)", text)
+    assert re.search(r"family hopper \(sm_90a warp-specialized wgmma, seesaw or stacked schedule\)", text)
     assert re.search(r"^\s+seesaw\s+True\s+`seesaw`", text, re.M)
 
 
@@ -616,11 +627,39 @@ def test_the_hopper_family_picks_the_seesaw_without_the_knob_and_says_so():
     assert re.search(r"^\s+seesaw\s+True\s+chosen: a 512-wide value splits", k.explain(), re.M)
 
 
-def test_the_hopper_family_takes_gla2_with_halves_of_128_and_explains_them():
+def test_the_hopper_family_runs_gla2_stacked_and_says_why_not_the_seesaw():
     k = attncc.compile(REPO / "examples" / "gla2.attn")
-    assert k.plan.family == "hopper" and k.plan.config.half_boxes == 2 and k.plan.config.p_box == 4
-    assert re.search(r"^\s+seesaw\s+True\s+chosen: a 256-wide value splits into two 128-column halves",
-                     k.explain(), re.M)
+    cfg = k.plan.config
+    assert k.plan.family == "hopper" and not cfg.seesaw and cfg.tile_m == 128 and cfg.out_boxes == 4
+    assert (cfg.consumer_registers, cfg.producer_registers) == (224, 56)
+    text = k.explain()
+    assert re.search(r"^\s+seesaw\s+False\s+not chosen: a 256-wide value fits one warp group's accumulators", text, re.M)
+    assert re.search(r"^\s+tile_m\s+128\s+stacked: one wgmma M \(64 rows\) per consumer warp group, each token "
+                     r"read once for 128 rows", text, re.M)
+    assert "family hopper (sm_90a warp-specialized wgmma, seesaw or stacked schedule)" in text
+
+
+def test_the_seesaw_knob_keeps_gla2_on_the_seesaw_with_halves_of_128():
+    k = attncc.compile(gla("g", heads=128, kv=2, extra="schedule g {\n    seesaw\n}\n"))
+    cfg = k.plan.config
+    assert k.plan.family == "hopper" and cfg.seesaw and cfg.tile_m == 64
+    assert cfg.out_boxes == 2 and cfg.early_boxes == 2 and cfg.p_box == 4
+    assert (cfg.consumer_registers, cfg.producer_registers) == (216, 72)
+    assert re.search(r"^\s+seesaw\s+True\s+`seesaw`", k.explain(), re.M)
+
+
+@pytest.mark.parametrize("latent, stacked", [(64, True), (128, True), (256, True), (512, False)])
+def test_the_stacked_schedule_takes_values_one_warp_group_holds(latent, stacked):
+    k = attncc.compile(gla("g", heads=128, kv=2, latent=latent))
+    assert k.plan.family == "hopper" and k.plan.config.seesaw is not stacked
+    assert k.plan.config.tile_m == (128 if stacked else 64)
+
+
+def test_the_stacked_schedule_refuses_a_value_of_no_wgmma_n():
+    k = compile_quiet(gla("g", heads=128, kv=2, latent=192))
+    assert k.plan.family == "mma_sync"
+    assert "the stacked schedule holds a value of 64, 128, 256 columns" in dict(k.plan.refused)["hopper"]
+    assert "this value is 192 wide" in dict(k.plan.refused)["hopper"]
 
 
 @pytest.mark.parametrize("heads, sq, causal", [(64, 2, True), (128, 1, False)])
@@ -647,7 +686,8 @@ def test_the_hopper_family_copies_by_tma_where_a_tile_is_one_run_of_a_page(page,
 
 
 def test_the_hopper_family_keeps_two_pairs_of_tiles_in_flight_where_they_fit():
-    gla2 = attncc.compile(REPO / "examples" / "gla2.attn")  # Q 40 KB + 4 stages of 40 KB
+    seesaw = "schedule g {\n    seesaw\n}\n"
+    gla2 = attncc.compile(gla("g", heads=128, kv=2, extra=seesaw))  # Q 40 KB + 4 stages of 40 KB
     assert gla2.plan.family == "hopper" and gla2.plan.config.stages == 4
     assert re.search(r"^\s+stages\s+4\s+2 sets of a pair's 2 stages: the producer runs up to two pairs ahead",
                      gla2.explain(), re.M)
@@ -655,15 +695,26 @@ def test_the_hopper_family_keeps_two_pairs_of_tiles_in_flight_where_they_fit():
     assert mla_.plan.family == "hopper" and mla_.plan.config.stages == 2
     assert re.search(r"^\s+stages\s+2\s+1 set of a pair's 2 stages: a second set \(4 x 73728 B\) does not fit",
                      mla_.explain(), re.M)
-    knob = attncc.compile(gla("g", heads=128, kv=2, extra="schedule g {\n    stages 2\n}\n"))  # one set, asked for
+    knob = attncc.compile(gla("g", heads=128, kv=2, extra="schedule g {\n    seesaw\n    stages 2\n}\n"))
     assert knob.plan.family == "hopper" and knob.plan.config.stages == 2
     assert re.search(r"^\s+stages\s+2\s+`stages`", knob.explain(), re.M)
 
 
-@pytest.mark.parametrize("stages, words", [(3, "`stages 3`: the seesaw keeps pairs of tiles in sets of 2 stages"),
-                                           (6, "shared memory (Q and 6 stages of 40960 B)")])
-def test_the_hopper_family_refuses_stages_it_cannot_keep_at_the_knob(stages, words):
-    text = gla("g", heads=128, kv=2, extra=f"schedule g {{\n    stages {stages}\n}}\n")
+def test_the_stacked_schedule_keeps_as_many_tiles_in_flight_as_fit():
+    gla2 = attncc.compile(REPO / "examples" / "gla2.attn")  # Q 80 KB + 3 stages of 40 KB (4: 240 KB)
+    assert gla2.plan.family == "hopper" and gla2.plan.config.stages == 3
+    assert re.search(r"^\s+stages\s+3\s+as many tiles in flight as fit beside the 128-row Q tile", gla2.explain(), re.M)
+    small = attncc.compile(gla("g", heads=128, kv=2, latent=128))  # Q 48 KB + 4 of 24 KB
+    assert small.plan.config.stages == 4
+    odd = attncc.compile(gla("g", heads=128, kv=2, extra="schedule g {\n    stages 3\n}\n"))  # any count
+    assert odd.plan.family == "hopper" and odd.plan.config.stages == 3
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("seesaw\n    stages 3", "`stages 3`: the seesaw keeps pairs of tiles in sets of 2 stages"),
+    ("stages 6", "shared memory (Q and 6 stages of 40960 B)")])
+def test_the_hopper_family_refuses_stages_it_cannot_keep_at_the_knob(extra, words):
+    text = gla("g", heads=128, kv=2, extra=f"schedule g {{\n    {extra}\n}}\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         k = attncc.compile(text)
