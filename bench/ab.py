@@ -1,12 +1,13 @@
 """Same-process A/B of two builds of one plan's kernel library (GPU).
 
     python3 bench/ab.py SPEC A.so B.so [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64]
-                        [--rounds 15]
+                        [--rounds 15] [--spec-b SPEC_B]
 
 Both libraries get the same inputs (attncc.bench.inputs: random cache larger than L2, pages
 in random order) through the same AttnccArgs; each round times one call of A and one of B
 (CUDA events, L2 flushed before each, a spin kernel covering the enqueue), alternating which
-goes first. Prints the median of each, the ratio, whether the outputs are bitwise equal, and
+goes first. With --spec-b, B is driven by that spec's plan (its split policy and workspace: a
+build of another schedule of the same cache layout, e.g. `seesaw` on or off). Prints the median of each, the ratio, whether the outputs are bitwise equal, and
 each build's outputs checked against attncc.reference on three sequences of the call.
 Each library is driven through the AttnccArgs of its own ABI version (1, from before strides
 and device flags, or today's), so builds from before a version change can be compared."""
@@ -105,14 +106,23 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--page", type=int)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--spec-b", help="B's spec (the same cache layout, another schedule); default SPEC")
     args = ap.parse_args(argv)
-    spec = check_spec(Path(args.spec))
-    spec = bench.variant(spec, args.heads or spec.heads_q, args.page or spec.page_size)
-    plan = Kernel(spec).plan
+
+    def variant(path):
+        s = check_spec(Path(path))
+        return bench.variant(s, args.heads or s.heads_q, args.page or s.page_size)
+
+    spec = variant(args.spec)
+    spec_b = variant(args.spec_b) if args.spec_b else spec
+    if (spec_b.heads_q, spec_b.heads_kv, spec_b.page_size, spec_b.d_k, spec_b.d_v) != \
+            (spec.heads_q, spec.heads_kv, spec.page_size, spec.d_k, spec.d_v):
+        raise SystemExit(f"--spec-b {args.spec_b}: not the layout of {args.spec}")
+    specs = {"A": spec, "B": spec_b}
     libs = {"A": load(args.a), "B": load(args.b)}
     cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
     case = bench.inputs(spec, cfg)
-    launches = {name: make_args(plan, lib, case, spec) for name, lib in libs.items()}
+    launches = {name: make_args(Kernel(specs[name]).plan, lib, case, specs[name]) for name, lib in libs.items()}
     flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     times = {"A": [], "B": []}
     for name, lib in libs.items():  # warm up, and check both run
@@ -138,7 +148,7 @@ def main(argv=None) -> int:
     checks = {n: testing.compare(spec, sub, launches[n][1][0][rows], launches[n][1][1][rows]) for n in libs}
     ma, mb = statistics.median(times["A"]), statistics.median(times["B"])
     flagged = [n for n in libs if launches[n][1][4] is not None and int(launches[n][1][4].item())]
-    print(f"{spec.name} {cfg.label()} splits/parts {launches['A'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
+    print(f"{spec.name} {cfg.label()} splits/parts {launches['A'][2]}/{launches['B'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
           f"B/A {mb / ma:.4f}, outputs {'bitwise equal' if same else 'differ'}; "
           + "; ".join(f"{n} vs reference: {'ok' if c.ok else 'WRONG'} ({c})" for n, c in checks.items())
           + (f", FLAGGED a bad value on good inputs: {flagged}" if flagged else ""))
