@@ -446,6 +446,19 @@ def test_mla_example_schedule():
     assert (plan.config.tile_m, plan.config.tile_n, plan.config.stages, plan.split_kv) == (64, 64, 2, "auto")
 
 
+@pytest.mark.parametrize("name, tile_n", [("gta4", 64), ("gqa8", 32), ("mla_h16", 32)])
+def test_a_16_row_tile_streams_64_tokens_of_a_narrow_record(name, tile_n):
+    # GTA-4 stages 192 columns: 32 tokens would stage 12 KB a tile, under STREAM_TILE_BYTES;
+    # GQA-8's 256 and MLA's 576 columns stage 16 and 36 KB in 32 tokens and keep 32
+    from attncc.families.mma_sync import STREAM_TILE_BYTES
+    k = example(name) if name != "mla_h16" else compile_quiet(MLA_ATTENTION.replace("q = 128", "q = 16"))
+    cfg = k.plan.config
+    assert cfg.tile_m == 16 and cfg.tile_n == tile_n
+    assert (cfg.kv_rows.bytes(32) < STREAM_TILE_BYTES) == (tile_n == 64)
+    assert "staging < 16 KB" in k.explain(batch=8, seqlen=1024) if tile_n == 64 else True
+    assert_legal(k.plan)
+
+
 def knob_line(text: str, knob: str) -> tuple[int, int]:
     for number, line in enumerate(text.split("\n"), 1):
         stripped = line.lstrip()

@@ -27,6 +27,7 @@ ALIGN_ELEMS = 8       # 16-byte ldmatrix rows / cp.async chunks of 16-bit data
 WORK_BYTES = 128      # shared memory for the CTA's work (9 ints) and its part walk (12 ints)
 WALK_OFFSET = 64      # ... the part walk's place in it
 SLOT_BYTES = 4        # a token's slot (int) in the slot ring
+STREAM_TILE_BYTES = 16 * 1024  # a 16-row tile's KV stage stages at least this much (measured)
 
 
 @dataclass(frozen=True)
@@ -214,11 +215,15 @@ class MmaSyncFamily(Family):
         # narrow values may need a taller tile for a legal warp layout: try those next
         tile_ms = [sched.tile_q] if sched.tile_q else [m for m in ROWS if m >= preferred]
         # Measured on the H200 (bench/RESULTS.md): a 16-row tile is memory-bound and streams
-        # best with 32-token tiles, 2 stages and 2 CTAs per SM; wider rows want 64 tokens.
+        # best with 2 stages, 2 CTAs per SM and 32-token tiles, unless 32 tokens of a narrow
+        # record stage less than STREAM_TILE_BYTES: then 64 (GTA-4's 192-column row, same process:
+        # 79 -> 91% of 4.48 TB/s at page 64, 76 -> 89% at page 16). Wider rows want 64 tokens.
+        narrow = SmemRows.of(layout.staged_width).bytes(32) < STREAM_TILE_BYTES
+        default_ns = {16: [64, 32, 16] if narrow else [32, 16]}
         stage_choices = [sched.stages] if sched.stages else [2]
         reasons = []
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
-                [sched.tile_kv] if sched.tile_kv else ([32, 16] if m == 16 else [64, 32, 16]))):
+                [sched.tile_kv] if sched.tile_kv else default_ns.get(m, [64, 32, 16]))):
             for warps in WARPS:
                 rows = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
                 if rows is None:
@@ -232,7 +237,9 @@ class MmaSyncFamily(Family):
                         why += [("tile_m", f"`tile q = {tile_m}`" if sched.tile_q else
                                  f"the group of {spec.group} query heads, in whole mma tiles"),
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
-                                 "measured default for this row count" if not reasons else
+                                 ("measured default for 16 rows of a record staging < "
+                                  f"{STREAM_TILE_BYTES // 1024} KB in 32 tokens" if tile_m == 16 and narrow
+                                  else "measured default for this row count") if not reasons else
                                  "the widest default that fits shared memory"),
                                 ("stages", f"`stages {stages}`" if sched.stages else "default"),
                                 ("warps", "the fewest warps with a register-legal layout"

@@ -44,10 +44,10 @@ struct Config {
 
   // kernel config: mma_sync family
   static constexpr int kTileM = 16;  // the group of 8 query heads, in whole mma tiles
-  static constexpr int kTileN = 32;  // measured default for this row count
+  static constexpr int kTileN = 64;  // measured default for 16 rows of a record staging < 16 KB in 32 tokens
   static constexpr int kStages = 2;  // default
   static constexpr int kThreads = 128;
-  static constexpr int kSmemBytes = 30768;  // <= 232448 B (sm90a)
+  static constexpr int kSmemBytes = 56496;  // <= 232448 B (sm90a)
   static constexpr int kRegisters = 255;  // launch bounds (128 threads, 1 CTA): 255 per thread
   static constexpr bool kComputeBound = false;  // 2 tile_m (d_k + d_v) = 8192 < 64 x 384 record bytes per kv head
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
@@ -56,17 +56,17 @@ struct Config {
   static constexpr int kWarpsM = 1;
   static constexpr int kWarpsN = 4;
   static constexpr int kMTiles = 1;
-  static constexpr int kTokensPerWarp = 8;
-  static constexpr int kScoreNTiles = 1;
+  static constexpr int kTokensPerWarp = 16;
+  static constexpr int kScoreNTiles = 2;
   static constexpr int kValueColsPerWarp = 32;
   static constexpr int kValueNTiles = 4;
   static constexpr int kAccRegisters = 16;
   static constexpr bool kRawStaging = false;
   static constexpr bool kQKSplit = true;  // on: legal and 16 accumulator registers <= 64
-  static constexpr int kQKNTiles = 2;
+  static constexpr int kQKNTiles = 4;
   static constexpr int kQKSteps = 4;
-  static constexpr int kQKChains = 2;
-  static constexpr int kPairSlotBytes = 256;
+  static constexpr int kQKChains = 1;
+  static constexpr int kPairSlotBytes = 512;
   static constexpr bool kPingPong = false;  // off: not legal (needs two row groups, two stages, 16-bit staging)
   static constexpr int kCopyThreads = 128;
   static constexpr bool kCopyInterleave = false;  // off: memory-bound: all copies at the top of the step
@@ -78,21 +78,21 @@ struct Config {
   static constexpr int kKVRowsCols = 192;
   static constexpr int kKVRowsPitchBytes = 384;
   static constexpr bool kKVRowsSwizzle = true;
-  static constexpr int kPRowsCols = 32;
-  static constexpr int kPRowsPitchBytes = 80;
-  static constexpr bool kPRowsSwizzle = false;
+  static constexpr int kPRowsCols = 64;
+  static constexpr int kPRowsPitchBytes = 128;
+  static constexpr bool kPRowsSwizzle = true;
   static constexpr int kKVBuffers = 2;
-  static constexpr int kKVTileBytes = 12288;
-  static constexpr int kRawTileBytes = 12288;
+  static constexpr int kKVTileBytes = 24576;
+  static constexpr int kRawTileBytes = 24576;
   static constexpr int kQOff = 0;
   static constexpr int kKVOff = 4096;
-  static constexpr int kRawOff = 28672;
-  static constexpr int kPOff = 28672;
-  static constexpr int kSlotOff = 29952;
-  static constexpr int kSlotPitch = 36;
-  static constexpr int kHoleWords = 1;
-  static constexpr int kRedOff = 30384;
-  static constexpr int kWorkOff = 30640;
+  static constexpr int kRawOff = 53248;
+  static constexpr int kPOff = 53248;
+  static constexpr int kSlotOff = 55296;
+  static constexpr int kSlotPitch = 68;
+  static constexpr int kHoleWords = 2;
+  static constexpr int kRedOff = 56112;
+  static constexpr int kWorkOff = 56368;
   static constexpr int kWalkOff = 64;
   static constexpr int kWorkBytes = 128;
   static constexpr int kRowGroupBarrier0 = 1;
