@@ -91,8 +91,9 @@ class Plan:
                    f"{parts} equal parts of {lanes} CTAs (row blocks x kv heads)")
         else:
             grid = batch * splits * split.ctas_per_split(self, s_q)
-            how = (f"split_kv {self.split_kv}: {splits} split(s) per sequence "
-                   f"({'fixed' if self.split_kv != 'auto' else 'enough CTAs to fill the SMs'})")
+            why = ("fixed" if self.split_kv != "auto" else "batch x lanes already fill the SMs"
+                   if splits == 1 else "enough CTAs to fill the SMs")
+            how = f"split_kv {self.split_kv}: {splits} split(s) per sequence ({why})"
         work = split.workspace_bytes(self, batch, s_q, splits, parts)
         lines += [f"  launch at batch {batch}, s_q {s_q}, {kv_tokens} tokens per sequence on "
                   f"{self.num_sms} SMs:",

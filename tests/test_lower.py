@@ -797,6 +797,20 @@ def test_num_splits_auto_fills_the_sms(name):
     assert num_splits(plan, 1024, 1, 1 << 16, 132) == 1
 
 
+MQA256_TEXT = (REPO / "examples" / "mqa.attn").read_text().replace("[128]", "[256]")
+
+
+@pytest.mark.parametrize("text, per_sm, splits", [(MQA256_TEXT, 1, 1), (None, 2, 2)])
+def test_num_splits_auto_leaves_a_nearly_full_wave_unsplit(text, per_sm, splits):
+    # b=128 of MQA (one CTA a sequence) on 132 SMs: at 1 CTA per SM (d 256) the 128 CTAs are
+    # one wave at 97% and a split would make two; at 2 per SM (d 128) they fill half the slots
+    plan = compile_quiet(text).plan if text else example("mqa").plan
+    assert plan.ctas_per_sm == per_sm and units(plan, 128, 1) == 128
+    assert num_splits(plan, 128, 1, 8192, 132) == splits
+    if per_sm == 1:  # the bound: 95% of 132 slots is 125.4 CTAs
+        assert num_splits(plan, 126, 1, 8192, 132) == 1 and num_splits(plan, 125, 1, 8192, 132) == 2
+
+
 @pytest.mark.parametrize("kv", [0, 1, 17, 64, 200, 255])
 @pytest.mark.parametrize("name", ["gqa8", "mla", "mla_fp8_sparse"])
 def test_num_splits_auto_never_splits_under_256_tokens(name, kv):
