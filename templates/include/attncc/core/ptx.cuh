@@ -31,6 +31,14 @@ __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.sync is barrier.sync.aligned: every participating thread must execute that one instruction.
+// Where the participants reach the barrier from different code (two instantiations of a function,
+// one a warp group), the unaligned form is the one PTX defines (compute-sanitizer synccheck flags
+// the aligned one as "divergent threads").
+__device__ __forceinline__ void bar_sync_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Arrive at named barrier `id` without waiting: releases this thread's prior writes (and, after
 // cp.async.wait_group, its completed copies) to the threads that then bar.sync on it.
 __device__ __forceinline__ void bar_arrive(int id, int threads) {

@@ -89,10 +89,11 @@ __device__ __forceinline__ void merge_split(const AttnccArgs& a, const CtaWork<C
   using X = Exchange<Cfg>;
   constexpr int kMine = kG * X::kHalfAcc, kTheirs = (1 - kG) * X::kHalfAcc;  // o's first index of each half
   const X x(sbase + Cfg::kQOff);
-  bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // both groups past their last S: the Q tile is free
+  // each group runs its own instantiation of this function: the barriers are unaligned (ptx.cuh)
+  bar_sync_unaligned(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // both groups past their last S: the Q tile is free
   give_half<Cfg, kTheirs>(x, kG, t, o);
   sts128(x.ml(kG, t), make_uint4(__float_as_uint(m[0]), __float_as_uint(m[1]), __float_as_uint(l[0]), __float_as_uint(l[1])));
-  bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);
+  bar_sync_unaligned(Cfg::kConsumerBarrier, 2 * kGroupThreads);
   const uint4 other = lds128(x.ml(1 - kG, t));
   const float m_o[2] = {__uint_as_float(other.x), __uint_as_float(other.y)}, l_o[2] = {__uint_as_float(other.z), __uint_as_float(other.w)};
   float mine[2], theirs[2], lt[2], mt[2];
