@@ -219,11 +219,10 @@ class MmaSyncFamily(Family):
         # record stage less than STREAM_TILE_BYTES: then 64 (GTA-4's 192-column row, same process:
         # 79 -> 91% of 4.48 TB/s at page 64, 76 -> 89% at page 16). Wider rows want 64 tokens.
         narrow = SmemRows.of(layout.staged_width).bytes(32) < STREAM_TILE_BYTES
-        default_ns = {16: [64, 32, 16] if narrow else [32, 16]}
         stage_choices = [sched.stages] if sched.stages else [2]
         reasons = []
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
-                [sched.tile_kv] if sched.tile_kv else default_ns.get(m, [64, 32, 16]))):
+                [sched.tile_kv] if sched.tile_kv else ([32, 16] if m == 16 and not narrow else [64, 32, 16]))):
             for warps in WARPS:
                 rows = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
                 if rows is None:
