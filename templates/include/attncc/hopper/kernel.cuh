@@ -52,15 +52,13 @@ struct PieceTiles {
   }
 };
 
-// A tile's copies into stage `stage`: by TMA when the plan and the tile allow it, else by
-// cp.async. The tile's page numbers are read before the first EMPTY wait (in flight while it
-// waits).
+// A tile's copies into stage `stage`: by TMA when the plan and the tile allow it (tm, its page
+// read ahead: tma_tile below), else by cp.async.
 template <class Cfg>
-__device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile, int head,
-                                             uint32_t sbase, unsigned char* smem, int stage, int p, int parity) {
+__device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile,
+                                             const TmaTile<Cfg>& tm, int head, uint32_t sbase, unsigned char* smem, int stage, int p,
+                                             int parity) {
   if constexpr (Cfg::kTmaRows > 0) {
-    TmaTile<Cfg> tm;
-    tm.load(a, ss, tile);
     if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity);
   }
   TileTokens<Cfg> tt;
@@ -68,10 +66,23 @@ __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<
   fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity);
 }
 
+// Tile `tile` as a TMA tile, its page number read (whole: false where the plan has no TMA, or
+// there is no such tile).
+template <class Cfg>
+__device__ __forceinline__ TmaTile<Cfg> tma_tile(const AttnccArgs& a, const SlotSource& ss, int tile, bool exists) {
+  TmaTile<Cfg> tm;
+  tm.whole = false;
+  if constexpr (Cfg::kTmaRows > 0) {
+    if (exists) tm.load(a, ss, tile);
+  }
+  return tm;
+}
+
 // The producer's part of a piece, in the order the consumers release the stages. Seesaw: its
 // tiles in pairs, each pair's a then b (seesaw.cuh: a's stage is free after the pair's first
 // products), up to kSets pairs ahead of the consumers. Stacked: tile k of the stream into stage
-// k % kStages, up to kStages tiles ahead.
+// k % kStages, up to kStages tiles ahead. The page numbers of TMA tiles are read a step ahead (a
+// pair, or a tile), so that their load is in flight while the producer waits for the stage.
 template <class Cfg>
 __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const CtaWork<Cfg>& w, uint32_t sbase,
                                         unsigned char* smem, int p, Progress<Cfg::kStages>& pr) {
@@ -82,18 +93,25 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
   ss.row = a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
   ss.limit = pt.cta_limit;
   if constexpr (T::kSeesaw) {
+    TmaTile<Cfg> ta = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0), tb = tma_tile<Cfg>(a, ss, w.tile_begin + 1, pt.n_iter > 1);
     for (int it = 0; it < pt.n_iter; it += 2, ++pr.pairs) {
       const bool has_b = it + 1 < pt.n_iter;
       const int sa = 2 * (pr.pairs % T::kSets), sb = sa + 1;
-      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1);
-      if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1);
+      const TmaTile<Cfg> na = tma_tile<Cfg>(a, ss, w.tile_begin + it + 2, it + 2 < pt.n_iter),
+                         nb = tma_tile<Cfg>(a, ss, w.tile_begin + it + 3, it + 3 < pt.n_iter);
+      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1);
+      if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1);
       pr.used(sa);
       if (has_b) pr.used(sb);
+      ta = na, tb = nb;
     }
   } else {
+    TmaTile<Cfg> next = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0);
     for (int it = 0; it < pt.n_iter; ++it, pr.next_tile()) {
       const int st = pr.stage;
-      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, w.head, sbase, smem, st, p, pr.parity(st) ^ 1);
+      const TmaTile<Cfg> tm = next;
+      next = tma_tile<Cfg>(a, ss, w.tile_begin + it + 1, it + 1 < pt.n_iter);
+      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1);
       pr.used(st);
     }
   }

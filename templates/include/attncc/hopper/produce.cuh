@@ -3,8 +3,9 @@
 // (kTmaRows > 0: TmaTile, below) and by cp.async for any page size and any tile TMA cannot take.
 //
 // TMA: a tile whose tokens are all inside the CTA's view, in a page with a valid number, is
-// copied by one thread, a copy per box; that thread's arrival on FULL expects the box's bytes,
-// the other producer threads arrive plainly (FULL counts 128).
+// copied by one thread, a copy per box; that thread's arrivals on FULL expect the box's bytes and
+// count for all 128 producer threads (FULL counts 128, a cp.async tile's arrivals), and it alone
+// writes the tile's flags. Its page number is read a step ahead (kernel.cuh: produce).
 // cp.async:
 // Producer thread p (0..127) copies 16-byte chunk p % 8 of every box for the tokens
 // p / 8 + 16 k, k < tile_n / 16. Its tokens are fixed for the whole tile, so it turns each into
@@ -62,8 +63,9 @@ struct TileTokens {
     }
   }
 
-  // The tile's flags in `flags` (tile_n bytes, then a word per producer warp). Whole warps.
-  __device__ __forceinline__ void write_flags(unsigned char* flags, int p) const {
+  // The tile's flags in `flags` (tile_n bytes, then a word per producer warp), and each thread's
+  // arrival on FLAGS. Whole warps.
+  __device__ __forceinline__ void write_flags(unsigned char* flags, uint32_t flags_bar, int p) const {
     bool any = false;
     if (p % 8 == 0) {
 #pragma unroll
@@ -74,6 +76,7 @@ struct TileTokens {
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, any);
     if (p % 32 == 0) reinterpret_cast<int*>(flags + Cfg::kTileN)[p / 32] = static_cast<int>(ballot);
+    mbarrier_arrive(flags_bar);
   }
 
   // Boxes [kFrom, kTo) of stage `stage`: this thread's cp.async of each, then its arrival on the
@@ -110,28 +113,32 @@ struct TmaTile {
     whole = whole && static_cast<unsigned>(page) < static_cast<unsigned>(a.num_pages);
   }
 
-  // The tile's flags: no token without a slot.
-  __device__ __forceinline__ static void write_flags(unsigned char* flags, int p) {
-    static_assert((Cfg::kTileN + 16) % 4 == 0, "flags in words");
-    if (p < (Cfg::kTileN + 16) / 4) reinterpret_cast<int*>(flags)[p] = 0;
+  // The tile's flags, no token without a slot, and FLAGS: thread 0's alone (an arrival counting
+  // all 128: the other threads have nothing to do for the tile but keep their EMPTY phases).
+  __device__ __forceinline__ static void write_flags(unsigned char* flags, uint32_t flags_bar, int p) {
+    static_assert((Cfg::kTileN + 16) % 16 == 0, "flags in 16-byte words");
+    if (p == 0) {
+#pragma unroll
+      for (int i = 0; i < (Cfg::kTileN + 16) / 16; ++i) reinterpret_cast<int4*>(flags)[i] = make_int4(0, 0, 0, 0);
+      mbarrier_arrive(flags_bar, kGroupThreads);
+    }
   }
 
-  // Boxes [kFrom, kTo) of stage `stage`: thread 0 expects each box's bytes on its FULL and issues
-  // its copy, the others arrive.
+  // Boxes [kFrom, kTo) of stage `stage`: thread 0 expects each box's bytes on its FULL, issues its
+  // copy and arrives for the whole producer (FULL counts 128: a cp.async tile's arrivals); 128
+  // arrivals on one mbarrier a box cost ~100 cycles each box on the producer's critical path.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int stage, int head, int p) const {
     using T = HopperTraits<Cfg>;
+    if (p != 0) return;
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr Source src = Cfg::kSources[box_source<Cfg>(box)];
       const uint32_t bar = T::full(sbase, stage, box);
-      if (p == 0) {
-        mbarrier_arrive_expect_tx(bar, Cfg::kBoxBytes);
-        const int col = (src.offset_bytes + head * src.head_stride_bytes) / 2 + box * kBoxCols - src.smem_col;
-        tma_load_3d(T::stage_box(sbase, stage, box), &maps.map[src.tensor], col, token, page, bar);
-      } else {
-        mbarrier_arrive(bar);
-      }
+      mbarrier_arrive_expect_tx(bar, Cfg::kBoxBytes);
+      const int col = (src.offset_bytes + head * src.head_stride_bytes) / 2 + box * kBoxCols - src.smem_col;
+      tma_load_3d(T::stage_box(sbase, stage, box), &maps.map[src.tensor], col, token, page, bar);
+      mbarrier_arrive(bar, kGroupThreads - 1);
     });
   }
 };
@@ -144,8 +151,7 @@ __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, u
                                            int p, int parity) {
   using T = HopperTraits<Cfg>;
   mbarrier_wait(T::empty_early(sbase, stage), parity);
-  tile.write_flags(smem + T::stage_flags(stage), p);
-  mbarrier_arrive(T::flags_bar(sbase, stage));
+  tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
   tile.template copy_boxes<0, T::kEarly>(from, sbase, stage, head, p);
   if constexpr (T::kEarly < T::kBoxes) {
     mbarrier_wait(T::empty_late(sbase, stage), parity);
