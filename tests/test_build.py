@@ -108,6 +108,38 @@ def test_compiles_without_spills(tmp_path, case, arch):
         assert lib.attncc_ctas_per_split(s_q) == ctas_per_split(plan, s_q), s_q
     # the generated source is the rendered plan
     assert (tmp_path / f"{plan.name}.cu").read_text() == attncc.render.render(plan)
+    # the clock trace (core/trace.cuh) is compiled out of every library attncc builds
+    assert not hasattr(lib, "attncc_trace_read")
+
+
+def test_clock_trace_builds_only_where_defined(tmp_path):
+    """bench/clock_trace.py's build of the seesaw: the trace points store %clock64 and the
+    library exports the trace's readers; the same plan's PTX without ATTNCC_TRACE_CTA has none."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import clock_trace
+
+    plan = plan_of("mla")
+    assert plan.family == "hopper" and plan.config.seesaw
+    library = clock_trace.build(plan, 3, tmp_path)
+    lib = ctypes.CDLL(str(library))
+    assert hasattr(lib, "attncc_trace_read") and hasattr(lib, "attncc_trace_clear")
+    traced = (tmp_path / attncc.render.source_name(plan)).read_text()
+    assert traced == "#define ATTNCC_TRACE_CTA 3\n" + attncc.render.render(plan)
+
+    def ptx(source: str, name: str) -> str:
+        path = tmp_path / name
+        path.write_text(source)
+        command = [attncc.build.nvcc(), "-std=c++17", "-O3", "-arch=sm_90a", "-ptx",
+                   f"-I{attncc.build.INCLUDE_DIR}", str(path), "-o", str(path.with_suffix(".ptx"))]
+        subprocess.run(command, check=True, capture_output=True)
+        return path.with_suffix(".ptx").read_text()
+
+    on, off = ptx(traced, "on.cu"), ptx(attncc.render.render(plan), "off.cu")
+    # the consumers' and the producer's trace points, in each decode kernel's inlined copies
+    assert "trace_clock" in on and on.count("%clock64") >= 20
+    assert "trace_clock" not in off and "%clock64" not in off
 
 
 def test_parse_ptxas_report():

@@ -53,17 +53,17 @@ struct PieceTiles {
 };
 
 // A tile's copies into stage `stage`: by TMA when the plan and the tile allow it (tm, its page
-// read ahead: tma_tile below), else by cp.async.
+// read ahead: tma_tile below), else by cp.async; trace_slot: its place in the CTA's stream.
 template <class Cfg>
 __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile,
                                              const TmaTile<Cfg>& tm, int head, uint32_t sbase, unsigned char* smem, int stage, int p,
-                                             int parity) {
+                                             int parity, int trace_slot) {
   if constexpr (Cfg::kTmaRows > 0) {
-    if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity);
+    if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
   }
   TileTokens<Cfg> tt;
   tt.load(a, ss, tile, p);
-  fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity);
+  fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity, trace_slot);
 }
 
 // Tile `tile` as a TMA tile, its page number read (whole: false where the plan has no TMA, or
@@ -99,8 +99,8 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       const int sa = 2 * (pr.pairs % T::kSets), sb = sa + 1;
       const TmaTile<Cfg> na = tma_tile<Cfg>(a, ss, w.tile_begin + it + 2, it + 2 < pt.n_iter),
                          nb = tma_tile<Cfg>(a, ss, w.tile_begin + it + 3, it + 3 < pt.n_iter);
-      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1);
-      if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1);
+      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs);
+      if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1);
       pr.used(sa);
       if (has_b) pr.used(sb);
       ta = na, tb = nb;
@@ -111,7 +111,7 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       const int st = pr.stage;
       const TmaTile<Cfg> tm = next;
       next = tma_tile<Cfg>(a, ss, w.tile_begin + it + 1, it + 1 < pt.n_iter);
-      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1);
+      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1, pr.tiles);
       pr.used(st);
     }
   }

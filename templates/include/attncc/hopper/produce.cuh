@@ -26,6 +26,7 @@
 #include "attncc/core/copy.cuh"
 #include "attncc/core/paging.cuh"
 #include "attncc/core/ptx.cuh"
+#include "attncc/core/trace.cuh"
 #include "attncc/hopper/barrier.cuh"
 #include "attncc/hopper/tma.cuh"
 #include "attncc/hopper/traits.cuh"
@@ -145,18 +146,24 @@ struct TmaTile {
 
 // A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the
 // tensor maps): each group of boxes after its EMPTY wait (the release of the stage's previous
-// tile), the flags before the early group (stacked: the only one).
+// tile), the flags before the early group (stacked: the only one). Trace events (core/trace.cuh,
+// role 2, slot trace_slot: the tile in the CTA's stream): 0 the wait for EMPTY early begins, 1 it
+// ends, 2 EMPTY late's ends, 3 the copies are issued.
 template <class Cfg, class Tile, class From>
 __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, uint32_t sbase, unsigned char* smem, int stage, int head,
-                                           int p, int parity) {
+                                           int p, int parity, int trace_slot) {
   using T = HopperTraits<Cfg>;
+  ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
   mbarrier_wait(T::empty_early(sbase, stage), parity);
+  ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
   tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
   tile.template copy_boxes<0, T::kEarly>(from, sbase, stage, head, p);
   if constexpr (T::kEarly < T::kBoxes) {
     mbarrier_wait(T::empty_late(sbase, stage), parity);
+    ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
     tile.template copy_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
   }
+  ATTNCC_TRACE(p == 0, 2, trace_slot, 3);
 }
 
 }  // namespace hopper

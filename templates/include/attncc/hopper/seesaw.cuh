@@ -35,6 +35,11 @@
 // no b: WG1 skips its products and passes c_b = 1. At the end l = l_L + l_R (shared) and each
 // group writes its half: out = O / l, lse = (m + log2 l) ln 2, or the partials.
 //
+// Trace events (core/trace.cuh; bench/clock_trace.py), per pair, thread 0 of each group: 0 the pair's
+// start, 1 S's boxes landed, 2 S done, 3 the row maxima handed (WG0) or taken (WG1), 4 P handed,
+// 5 WG0: O_L += P_a V_a done / WG1: P_A taken, 6 WG0: P_B taken / WG1: O_R += P_a V_a done, 7 the
+// pair's last product done.
+//
 // Scores are masked (-inf) past each row's causal limit and for tokens without a slot (the
 // producer's flags); a fully masked row keeps m = -inf and P = 0. P goes into the key-only box
 // kPBox of its own tile's stage: only S = Q K^T reads those columns, and it is done.
@@ -128,7 +133,9 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
     uint32_t pa[Cfg::kTileN / 16][4];
     if (wg == 0) {
       const int parity = pr.parity(sa);
-      scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sa, parity);
+      ATTNCC_TRACE(t == 0, 0, pr.pairs, 0);
+      scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sa, parity, pr.pairs);
+      ATTNCC_TRACE(t == 0, 0, pr.pairs, 2);
       mbarrier_wait(T::flags_bar(sbase, sa), parity);
       mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit, sbase + T::stage_flags(sa));
 #pragma unroll
@@ -139,18 +146,22 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         if (f.q == 0) rs.set_m(f.r + 8 * h, m_new), rs.set_ca(f.r + 8 * h, ca[h]);
       }
       mbarrier_arrive(T::max_a(sbase));  // MAX_A
+      ATTNCC_TRACE(t == 0, 0, pr.pairs, 3);
       exponentiate<Cfg>(s, m, c, sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * ca[h] + sum[h];
       store_p<Cfg>(p_box_a, s, f);  // P_a, at m_a
       fence_async_shared();
       mbarrier_arrive(T::p_a(sbase));  // P_A
+      ATTNCC_TRACE(t == 0, 0, pr.pairs, 4);
       scale_rows(o, ca);
       pack_p<Cfg>(s, pa);
       pv_rs<Cfg>(o, pa, T::stage_box(sbase, sa, 0));  // O_L += P_a V_a[:, L]
+      ATTNCC_TRACE(t == 0, 0, pr.pairs, 5);
       mbarrier_arrive(T::empty_early(sbase, sa));
       mbarrier_arrive(T::empty_late(sbase, sa));
       mbarrier_wait(T::p_b(sbase), pair);  // P_B
+      ATTNCC_TRACE(t == 0, 0, pr.pairs, 6);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         cb[h] = rs.cb(f.r + 8 * h);
@@ -161,13 +172,16 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       scale_rows(o, cb);
       if (has_b) {
         pv_ss<Cfg>(o, p_box_b, T::stage_box(sbase, sb, 0));  // O_L += P_b V_b[:, L]
+        ATTNCC_TRACE(t == 0, 0, pr.pairs, 7);
         mbarrier_arrive(T::empty_early(sbase, sb));
         mbarrier_arrive(T::empty_late(sbase, sb));
       }
     } else {
       if (has_b) {
         const int parity = pr.parity(sb);
-        scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sb, parity);
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 0);
+        scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sb, parity, pr.pairs);
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 2);
         mbarrier_wait(T::flags_bar(sbase, sb), parity);
         mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
                           sbase + T::stage_flags(sb));
@@ -175,6 +189,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         mx[0] = mx[1] = -INFINITY;
       }
       mbarrier_wait(T::max_a(sbase), pair);  // MAX_A
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 3);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m_a = rs.m(f.r + 8 * h);
@@ -198,13 +213,17 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       }
       fence_async_shared();
       mbarrier_arrive(T::p_b(sbase));  // P_B
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 4);
       scale_rows(o, ca);
       mbarrier_wait(T::p_a(sbase), pair);  // P_A
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 5);
       pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kOut));  // O_R += P_a V_a[:, R]
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 6);
       mbarrier_arrive(T::empty_late(sbase, sa));
       scale_rows(o, cb);
       if (has_b) {
         pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kOut));  // O_R += P_b V_b[:, R]
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 7);
         mbarrier_arrive(T::empty_late(sbase, sb));
       }
     }

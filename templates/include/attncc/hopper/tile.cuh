@@ -9,6 +9,7 @@
 #include "attncc/core/common.cuh"
 #include "attncc/core/ptx.cuh"
 #include "attncc/core/softmax.cuh"
+#include "attncc/core/trace.cuh"
 #include "attncc/core/work.cuh"
 #include "attncc/hopper/barrier.cuh"
 #include "attncc/hopper/traits.cuh"
@@ -31,9 +32,10 @@ struct Frag {
 };
 
 // S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed;
-// q: the warp group's 64 rows in the Q tile's first box.
+// q: the warp group's 64 rows in the Q tile's first box. trace_slot: the warp group's trace slot
+// (core/trace.cuh: event 1, every box landed), -1 for none.
 template <class Cfg>
-__device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity) {
+__device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity, int trace_slot = -1) {
   using T = HopperTraits<Cfg>;
   const uint32_t kv = T::stage_box(sbase, stage, 0);
   fence();
@@ -51,6 +53,7 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbas
       }
     }
   });
+  ATTNCC_TRACE(threadIdx.x % kGroupThreads == 0, threadIdx.x / kGroupThreads, trace_slot, 1);
   commit_group();
   wait_group<0>();
   pin(s);

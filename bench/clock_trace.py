@@ -1,0 +1,121 @@
+"""A clock trace of one CTA of the Hopper family's seesaw (GPU): where a pair of tiles' time goes.
+
+    python3 bench/clock_trace.py SPEC [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64] [--cta 7]
+
+Builds SPEC's plan with ATTNCC_TRACE_CTA defined (templates/include/attncc/core/trace.cuh: the
+SM clock at each phase boundary of each consumer warp group's thread 0 and of the producer's
+thread 0, in the traced CTA; the same kernels otherwise, whose timing the stores perturb little),
+runs one call on bench's inputs (after warm-up, L2 flushed), reads the clocks back and prints the
+median cycles of each phase over the steady pairs (all but the first and last two), the pair's
+period, and how long after the producer issues a stage its readers see it land. Part mode walks
+pieces: a pair is the CTA's pair in its whole stream (pairs of every piece, in order)."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ab  # noqa: E402
+from attncc import bench  # noqa: E402
+from attncc.build import LIBRARY, nvcc_command  # noqa: E402
+from attncc.frontend import check_spec  # noqa: E402
+from attncc.kernel import Kernel  # noqa: E402
+from attncc.render import render, source_name  # noqa: E402
+
+ROLES, SLOTS, EVENTS = 3, 1024, 8  # core/trace.cuh
+# seesaw.cuh's events, as phases (from event i to event i + 1) of each consumer warp group
+WG0 = ("S: boxes landing", "S: last k-steps", "row max, MAX_A", "exp, P_a, P_A", "O_L += P_a V_a",
+       "P_B wait", "O_L += P_b V_b")
+WG1 = ("S: boxes landing", "S: last k-steps", "MAX_A wait", "exp, P_b, P_B", "P_A wait", "O_R += P_a V_a",
+       "O_R += P_b V_b")
+# produce.cuh's, per tile
+PRODUCER = ("EMPTY early wait", "early copies, EMPTY late wait", "late copies")
+
+
+def build(plan, cta: int, directory: Path) -> Path:
+    source = directory / source_name(plan)
+    source.write_text(f"#define ATTNCC_TRACE_CTA {cta}\n" + render(plan))
+    library = directory / LIBRARY
+    subprocess.run(nvcc_command(source, library, plan.target), check=True, capture_output=True)
+    return library
+
+
+def gap(start, end):
+    """Cycles from one event to another, None if either was not recorded."""
+    return None if start is None or end is None else end - start
+
+
+def median(values) -> str:
+    values = [v for v in values if v is not None]
+    return f"{statistics.median(values):7.0f}" if values else "      -"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("spec")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--sq", type=int, default=2)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--page", type=int)
+    ap.add_argument("--cta", type=int, default=7, help="the block index traced")
+    args = ap.parse_args(argv)
+    spec = check_spec(Path(args.spec))
+    spec = bench.variant(spec, args.heads or spec.heads_q, args.page or spec.page_size)
+    plan = Kernel(spec).plan
+    if plan.family != "hopper" or not plan.config.seesaw:
+        raise SystemExit(f"{args.spec}: the trace reads the seesaw's events; this plan is "
+                         f"{plan.family}{'' if plan.family != 'hopper' else ' (stacked)'}")
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = ab.load(str(build(plan, args.cta, Path(tmp))))
+        cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
+        case = bench.inputs(spec, cfg)
+        launch, _, parts = ab.make_args(plan, lib, case, spec)
+        flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        for _ in range(3):
+            lib.launch(launch)
+        torch.cuda.synchronize()
+        lib.dll.attncc_trace_clear()
+        flush.zero_()
+        lib.launch(launch)
+        torch.cuda.synchronize()
+        raw = (ctypes.c_ulonglong * (ROLES * SLOTS * EVENTS))()
+        lib.dll.attncc_trace_read(raw)
+    flat = list(raw)
+    if not any(flat):
+        raise SystemExit(f"CTA {args.cta} recorded nothing (a grid of fewer blocks?)")
+    first = min(v for v in flat if v > 0)  # cycles from the CTA's first event; None: not recorded
+    w0, w1, pr = ([[flat[(r * SLOTS + i) * EVENTS + e] - first if flat[(r * SLOTS + i) * EVENTS + e] > 0 else None
+                    for e in range(EVENTS)] for i in range(SLOTS)] for r in range(ROLES))
+    pairs = sum(row[0] is not None for row in w0)
+    steady = [i for i in range(2, pairs - 2) if None not in w0[i] and None not in w1[i] and w0[i + 1][0] is not None]
+    print(f"{spec.name} {cfg.label()} splits/parts {parts}: CTA {args.cta}, {pairs} pairs, {len(steady)} steady; "
+          f"median cycles")
+    for name, wg, phases in (("WG0", w0, WG0), ("WG1", w1, WG1)):
+        cells = [f"{p} {median([gap(wg[i][e], wg[i][e + 1]) for i in steady])}" for e, p in enumerate(phases)]
+        print(f"  {name}: " + " | ".join(cells) + f" | to the next pair {median([gap(wg[i][7], wg[i + 1][0]) for i in steady])}")
+    print(f"  period (WG0's pair to pair) {median([gap(w0[i][0], w0[i + 1][0]) for i in steady])}")
+    for half, name in ((0, "a"), (1, "b")):
+        cells = [f"{p} {median([gap(pr[2 * i + half][e], pr[2 * i + half][e + 1]) for i in steady])}"
+                 for e, p in enumerate(PRODUCER)]
+        print(f"  producer, tile {name}: " + " | ".join(cells))
+    print("  issue -> landed: next a's late copies -> WG0's S landed "
+          f"{median([gap(pr[2 * (i + 1)][2], w0[i + 1][1]) for i in steady])}; next b's late copies -> WG1's "
+          f"{median([gap(pr[2 * (i + 1) + 1][2], w1[i + 1][1]) for i in steady])}")
+    print("  release -> producer: WG0's O_L += P_a V_a -> EMPTY early of the next a "
+          f"{median([gap(w0[i][5], pr[2 * (i + 1)][1]) for i in steady])}; WG1's O_R += P_a V_a -> EMPTY late "
+          f"{median([gap(w1[i][6], pr[2 * (i + 1)][2]) for i in steady])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
