@@ -115,11 +115,11 @@ def test_compiles_without_spills(tmp_path, case, arch):
 def test_clock_trace_builds_only_where_defined(tmp_path):
     """bench/clock_trace.py's build of the seesaw: the trace points store %clock64 and the
     library exports the trace's readers; the same plan's PTX without ATTNCC_TRACE_CTA has none."""
-    import sys
+    import importlib.util
 
-    sys.path.insert(0, str(REPO / "bench"))
-    import clock_trace
-
+    module_spec = importlib.util.spec_from_file_location("attncc_bench_clock_trace", REPO / "bench" / "clock_trace.py")
+    clock_trace = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(clock_trace)
     plan = plan_of("mla")
     assert plan.family == "hopper" and plan.config.seesaw
     library = clock_trace.build(plan, 3, tmp_path)
