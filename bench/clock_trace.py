@@ -49,6 +49,13 @@ def build(plan, cta: int, directory: Path) -> Path:
     return library
 
 
+def check(call: str, status: int) -> None:
+    """A trace reader's cudaError_t: anything but success ends the run (a wrong array size is
+    cudaErrorInvalidValue, 1: ROLES, SLOTS or EVENTS out of step with core/trace.cuh)."""
+    if status != 0:
+        raise SystemExit(f"{call}: CUDA error {status}")
+
+
 def gap(start, end):
     """Cycles from one event to another, None if either was not recorded."""
     return None if start is None or end is None else end - start
@@ -84,12 +91,12 @@ def main(argv=None) -> int:
         for _ in range(3):
             lib.launch(launch)
         torch.cuda.synchronize()
-        lib.dll.attncc_trace_clear()
+        check("attncc_trace_clear", lib.dll.attncc_trace_clear())
         flush.zero_()
         lib.launch(launch)
         torch.cuda.synchronize()
         raw = (ctypes.c_ulonglong * (ROLES * SLOTS * EVENTS))()
-        lib.dll.attncc_trace_read(raw)
+        check("attncc_trace_read", lib.dll.attncc_trace_read(raw, ctypes.c_size_t(ctypes.sizeof(raw))))
     flat = list(raw)
     if not any(flat):
         raise SystemExit(f"CTA {args.cta} recorded nothing (a grid of fewer blocks?)")

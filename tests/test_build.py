@@ -125,6 +125,10 @@ def test_clock_trace_builds_only_where_defined(tmp_path):
     library = clock_trace.build(plan, 3, tmp_path)
     lib = ctypes.CDLL(str(library))
     assert hasattr(lib, "attncc_trace_read") and hasattr(lib, "attncc_trace_clear")
+    # a buffer of another size than the trace's is refused before any CUDA call (no GPU here)
+    small = (ctypes.c_ulonglong * 8)()
+    assert lib.attncc_trace_read(small, ctypes.c_size_t(ctypes.sizeof(small))) == 1  # cudaErrorInvalidValue
+    assert list(small) == [0] * 8
     traced = (tmp_path / attncc.render.source_name(plan)).read_text()
     assert traced == "#define ATTNCC_TRACE_CTA 3\n" + attncc.render.render(plan)
 

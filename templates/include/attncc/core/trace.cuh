@@ -6,7 +6,8 @@
 // into trace_clock[role][slot][event] of the traced CTA; a role is a warp group (0, 1: the consumers,
 // 2: the producer), a slot its pair or tile of the CTA's stream, an event a phase boundary (the
 // schedule's own numbering: bench/clock_trace.py names them). The host reads the array back through
-// attncc_trace_read (and zeroes it through attncc_trace_clear) of the built library.
+// attncc_trace_read (and zeroes it through attncc_trace_clear) of the built library; both return
+// a cudaError_t.
 #pragma once
 
 #ifdef ATTNCC_TRACE_CTA
@@ -25,7 +26,9 @@ __device__ __forceinline__ void trace(bool who, int role, int slot, int event) {
 }
 }  // namespace attncc
 
-extern "C" int attncc_trace_read(unsigned long long* dst) {
+// dst holds `bytes`, which must be the array's size (else cudaErrorInvalidValue, nothing read).
+extern "C" int attncc_trace_read(unsigned long long* dst, size_t bytes) {
+  if (bytes != sizeof(attncc::trace_clock)) return static_cast<int>(cudaErrorInvalidValue);
   return static_cast<int>(cudaMemcpyFromSymbol(dst, attncc::trace_clock, sizeof(attncc::trace_clock)));
 }
 extern "C" int attncc_trace_clear() {
