@@ -104,6 +104,24 @@ EXTRA = {
     tokens topk 200
     query len <= 2
 }""",
+    # fp8 and sparse on the Hopper family (groups of >= 64): the seesaw dequantizing e4m3 per 64
+    # at page 1, the stacked schedule e5m2 per 32 at page 16 (a shared bf16 rope), sparse fp8 at
+    # page 5 (examples/mla_fp8_sparse.attn: e4m3 per 128, page 64, h_q 128)
+    "mla_fp8_page1_h64": mla(page=1, heads=64).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 64")
+                                             .replace("mla_p1_h64", "mla_fp8_page1_h64"),
+    "gla_fp8_e5m2": gla("gla_fp8_e5m2", heads=128, kv=2, page=16).replace(
+        "latent: bf16[256]", "latent: e5m2[256] scale fp32 per 32"),
+    "sparse_fp8_h64": """attention sparse_fp8_h64 {
+    heads q = 64, kv = 1
+    cache paged(5) {
+        latent: e4m3[512] scale fp32 per 128
+        rope:   bf16[64]
+    }
+    key = latent ++ rope
+    value = latent
+    tokens topk 100
+    query len <= 2
+}""",
     "gqa8_separate": """attention gqa8_separate {
     heads q = 32, kv = 8
     cache paged(16) separate { k: bf16[128]  v: bf16[128] }

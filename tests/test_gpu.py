@@ -75,7 +75,8 @@ def test_matches_reference(kernels, name, batch):
         assert result.ok, f"{name} batch={batch} s_q={s_q} lengths={lengths}: {result}"
 
 
-@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64"]))
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64",
+                                        "mla_fp8_page1_h64", "gla_fp8_e5m2", "sparse_fp8_h64"]))
 @pytest.mark.parametrize("splits", [1, 2, 7])
 def test_forced_split_counts(kernels, name, splits):
     k = kernels[name]
@@ -118,7 +119,8 @@ def _check_on_parts(k, lengths, parts, seed):
         assert result.ok, f"{k.name} parts={parts} batch={len(lengths)} s_q={s_q}: {result}"
 
 
-@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64"]))
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64",
+                                        "mla_fp8_page1_h64", "gla_fp8_e5m2", "sparse_fp8_h64"]))
 @pytest.mark.parametrize("parts", [1, 2, 5, 64])
 def test_forced_part_counts(kernels, name, parts):
     """Balanced parts (schedule.cuh) on a ragged batch with empty sequences: sequences
@@ -127,7 +129,8 @@ def test_forced_part_counts(kernels, name, parts):
     _check_on_parts(k, [0, 1500, 0, 77, 1, 0, 3 * k.spec.page_size + 1, 0], parts, seed=parts)
 
 
-@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64"]))
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64",
+                                        "mla_fp8_page1_h64", "gla_fp8_e5m2", "sparse_fp8_h64"]))
 @pytest.mark.parametrize("batch", [16, 31, 32])
 def test_uniform_batch_on_33_parts(kernels, name, batch):
     """Equal sequences on the H200's 33 parts (MLA h_q 128): a cut inside most sequences,
@@ -167,7 +170,7 @@ def test_deterministic(kernels, name):
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
-@pytest.mark.parametrize("name", with_families(["mla", "gla2", "mla_fp8_sparse", "mla_page1_h128"]))
+@pytest.mark.parametrize("name", with_families(["mla", "gla2", "mla_fp8_sparse", "mla_page1_h128", "gla_fp8_e5m2"]))
 def test_cuda_graph_replay_with_new_inputs(kernels, name):
     k = kernels[name]
     s_q = k.spec.max_query_len
@@ -426,8 +429,9 @@ def test_a_length_past_the_block_table_is_clamped_and_flagged(kernels):
         k.check()
 
 
-def test_an_out_of_range_sparse_index_is_never_read_and_is_flagged(kernels):
-    k = kernels["mla_fp8_sparse"]
+@pytest.mark.parametrize("name", with_families(["mla_fp8_sparse", "sparse_fp8_h64", "sparse_bf16_h128"]))
+def test_an_out_of_range_sparse_index_is_never_read_and_is_flagged(kernels, name):
+    k = kernels[name]
     case = testing.random_case(k.spec, [1, 1], 1, seed=49, empty_rows=False)
     num_slots = storage.num_pages(case.cache) * k.spec.page_size
     bad = case.indices.clone()

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import Spec
+from ..ir import DTYPES, Spec
 from ..layout import Layout
 from ..target import Target
 from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal
@@ -94,10 +94,10 @@ class HopperFamily(Family):
     summary = "sm_90a warp-specialized wgmma, seesaw or stacked schedule"
     targets = ("sm90a",)
     honours = frozenset({"tile", "stages", "seesaw"})
-    tolerates = frozenset()
+    tolerates = frozenset({"crossover"})  # each CTA dequantizes its whole tiles (no cluster yet)
     template = "hopper/decode.cu.j2"
     limits = ("value 128, 256 or 512 wide (the seesaw's two halves), key = value ++ more, on "
-              "64-column boxes", "bf16, dense (block table), 16-bit runs",
+              "64-column boxes", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16",
               f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",
               f"tile q = {TILE_M} (seesaw) or {STACKED_TILE_M} (stacked), kv = {TILE_N}; the seesaw's stages a "
               f"multiple of {PAIR_STAGES} (pairs of tiles)")
@@ -106,12 +106,14 @@ class HopperFamily(Family):
         sched = spec.schedule
         if spec.elem.name != "bf16":
             raise Refusal(f"runs bf16 records; this one is {spec.elem.name}", spec.span_of("cache"))
-        if layout.fp8:
-            raise Refusal("fp8 records are dequantized by the mma_sync family (Hopper fp8 "
-                          "comes later)", spec.span_of("cache"))
-        if spec.sparse:
-            raise Refusal("sparse top-k runs on the mma_sync family (Hopper sparse comes "
-                          "later)", spec.span_of("tokens"))
+        for src in layout.sources:
+            if DTYPES[src.dtype].is_fp8 and src.width % (2 * BOX_COLS):
+                raise Refusal(f"segment `{src.segment}`: the producer dequantizes fp8 in pairs of "
+                              f"{BOX_COLS}-column boxes (128 values a token); this run is {src.width} wide",
+                              spec.segment(src.segment).span)
+            if DTYPES[src.dtype].is_fp8 and (src.scale is None or src.scale.group % 16 or src.seg_lo % 16):
+                raise Refusal(f"segment `{src.segment}`: fp8 needs a scale group of a multiple of 16 "
+                              "values (a thread's 16-byte chunk in one group)", spec.segment(src.segment).span)
         if self._seesaw(spec) and (spec.d_v % 2 or spec.d_v // 2 not in HALF_COLS):
             raise Refusal(f"the seesaw splits the value into two halves of {', '.join(map(str, HALF_COLS))} "
                           f"columns (a wgmma N of whole boxes); this value is {spec.d_v} wide",
@@ -168,6 +170,11 @@ class HopperFamily(Family):
         cp.async, which zero-fills and flags those tokens. Smaller pages stay on cp.async:
         copies of 16-row runs (page 16) measured slower than cp.async (H200, MLA h_q 128
         s_q 1: 643 us against 592, bench/RESULTS.md, session 12)."""
+        if spec.sparse:
+            return 0, "cp.async: sparse top-k, a tile's tokens are wherever its indices say"
+        if layout.fp8:
+            return 0, ("cp.async and registers: fp8 runs are dequantized by the producer (loads into "
+                       "registers, converted, stored), 16-bit runs copied beside them")
         if spec.page_size % TILE_N:
             return 0, (f"cp.async: page {spec.page_size} splits a tile's {TILE_N} tokens over "
                        "pages (TMA copies of the runs measured slower)")
@@ -257,8 +264,10 @@ class HopperFamily(Family):
             ("seesaw", seesaw_why),
             ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
             ("consumer_registers", f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
-             "spills (ptxas)" + ("" if seesaw else "; the split mode's merge: 216 spilled")),
+             "spills (ptxas)" + ("" if seesaw else "; 216 leaves the fp8 producer 72" if layout.fp8
+                                 else "; the split mode's merge: 216 spilled")),
             ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
+             else "the fp8 loads of a box pair (4 tokens) and their conversion: 56 spilled (ptxas)" if layout.fp8
              else "what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)"),
             ("tma_rows", tma_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
@@ -272,8 +281,8 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, seesaw=seesaw,
-            consumer_registers=CONSUMER_REGISTERS if seesaw else STACKED_CONSUMER_REGISTERS,
-            producer_registers=PRODUCER_REGISTERS if seesaw else STACKED_PRODUCER_REGISTERS,
+            consumer_registers=CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
+            producer_registers=PRODUCER_REGISTERS if seesaw or layout.fp8 else STACKED_PRODUCER_REGISTERS,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,

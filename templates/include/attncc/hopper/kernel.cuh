@@ -90,7 +90,8 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
   SlotSource ss;
-  ss.row = a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
+  ss.row = Cfg::kSparse ? a.indices + static_cast<long long>(w.seq) * Cfg::kTopK
+                        : a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
   ss.limit = pt.cta_limit;
   if constexpr (T::kSeesaw) {
     TmaTile<Cfg> ta = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0), tb = tma_tile<Cfg>(a, ss, w.tile_begin + 1, pt.n_iter > 1);

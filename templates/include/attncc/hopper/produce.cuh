@@ -24,6 +24,7 @@
 
 #include "attncc/abi.h"
 #include "attncc/core/copy.cuh"
+#include "attncc/core/dequant.cuh"
 #include "attncc/core/paging.cuh"
 #include "attncc/core/ptx.cuh"
 #include "attncc/core/trace.cuh"
@@ -34,6 +35,25 @@
 
 namespace attncc {
 namespace hopper {
+
+// 16 bytes of the streamed cache at base + off into registers (non-coherent, not kept in L1),
+// zero when !valid (nothing is read).
+__device__ __forceinline__ uint4 ldg_stream_16(const char* base, long long off, bool valid) {
+  uint4 v;
+  asm volatile("{\n.reg .pred p;\n.reg .u64 a;\nsetp.ne.b32 p, %4, 0;\nadd.s64 a, %5, %6;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\n"
+      "mov.b32 %2, 0;\nmov.b32 %3, 0;\n@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [a];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "r"(static_cast<int>(valid)), "l"(base), "l"(off));
+  return v;
+}
+// An fp32 (a scale) at base + off, 0 when !valid.
+__device__ __forceinline__ float ldg_f32(const char* base, long long off, bool valid) {
+  float v;
+  asm volatile("{\n.reg .pred p;\n.reg .u64 a;\nsetp.ne.b32 p, %1, 0;\nadd.s64 a, %2, %3;\nmov.b32 %0, 0;\n@p ld.global.nc.f32 %0, [a];\n}\n"
+      : "=f"(v)
+      : "r"(static_cast<int>(valid)), "l"(base), "l"(off));
+  return v;
+}
 
 // cp.async of 16 bytes from base + off (zero-filled when !valid), the sum formed in the
 // instruction's own register: the compiler cannot hoist a tile's 64-bit addresses (a box's
@@ -80,8 +100,10 @@ struct TileTokens {
     mbarrier_arrive(flags_bar);
   }
 
-  // Boxes [kFrom, kTo) of stage `stage`: this thread's cp.async of each, then its arrival on the
-  // box's FULL (counted when those copies land).
+  // Boxes [kFrom, kTo) of stage `stage`: this thread's copies of each, then its arrival on the
+  // box's FULL. 16-bit boxes first: their cp.async, the arrival counted when they land (in
+  // flight while the fp8 boxes are converted). Then each fp8 run's boxes in the group, in pairs
+  // (dequant_pair), the arrivals on both boxes' FULL after the stores.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
     using T = HopperTraits<Cfg>;
@@ -89,12 +111,68 @@ struct TileTokens {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr int I = box_source<Cfg>(box);
       constexpr Source src = Cfg::kSources[I];
-      const char* base = run_base<Cfg, I>(a, head) + (box * kBoxCols - src.smem_col) * 2 + (p % 8) * 16;
-      const uint32_t dst = T::stage_box(sbase, stage, box);
+      if constexpr (!is_fp8(src.dtype)) {
+        const char* base = run_base<Cfg, I>(a, head) + (box * kBoxCols - src.smem_col) * 2 + (p % 8) * 16;
+        const uint32_t dst = T::stage_box(sbase, stage, box);
 #pragma unroll
-      for (int k = 0; k < kTok; ++k) cp_async_16_at(dst + sw128(p / 8 + 16 * k, p % 8), base, off[k][src.tensor], valid[k]);
-      cp_async_arrive(T::full(sbase, stage, box));
+        for (int k = 0; k < kTok; ++k) cp_async_16_at(dst + sw128(p / 8 + 16 * k, p % 8), base, off[k][src.tensor], valid[k]);
+        cp_async_arrive(T::full(sbase, stage, box));
+      }
     });
+    static_for<kTo - kFrom>([&](auto i) {
+      constexpr int box = kFrom + decltype(i)::value;
+      constexpr int I = box_source<Cfg>(box);
+      constexpr Source src = Cfg::kSources[I];
+      if constexpr (is_fp8(src.dtype) && (box == kFrom || box_source<Cfg>(box - 1) != I)) {
+        // the run's boxes in this group: [box, kEnd)
+        constexpr int kEnd = kTo < src.smem_col / kBoxCols + src.width / kBoxCols ? kTo : src.smem_col / kBoxCols + src.width / kBoxCols;
+        static_assert((box * kBoxCols - src.smem_col) % (2 * kBoxCols) == 0 && (kEnd - box) % 2 == 0,
+                      "an fp8 run's boxes of a group in whole pairs");
+        // a loop, not unrolled: ptxas would hoist every pair's loads to the top, past the
+        // producer's registers
+#pragma unroll 1
+        for (int b = box; b < kEnd; b += 2) dequant_pair<I>(a, sbase, stage, head, p, b);
+      }
+    });
+  }
+
+  // Boxes `box` and box + 1 of stage `stage` from fp8 run I: 128 fp8 values a token. Thread p
+  // takes the 16 values of chunk c = p % 8 (bytes 16 c of the pair's 128, one scale group: the
+  // lowering puts groups on multiples of 16) of each of its tokens: all its loads (data and
+  // scale, zero for a token without a slot) are issued first, then each chunk is converted
+  // (core/dequant.cuh) into staged columns 16 c .. 16 c + 15 of the pair: box `box` + c / 4,
+  // 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 of the token's swizzled row. Threads c >= 4 store
+  // their high chunk first, so that a quarter warp's stores (one token) fall on all eight 16-byte
+  // bank groups at once. Then the generic-proxy stores are fenced for wgmma and both FULLs arrived.
+  template <int I>
+  __device__ __forceinline__ void dequant_pair(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p, int box) const {
+    using T = HopperTraits<Cfg>;
+    constexpr Source src = Cfg::kSources[I];
+    const int first = box * kBoxCols - src.smem_col;  // the pair's first value in the run
+    const int c = p % 8;
+    const char* base = run_base<Cfg, I>(a, head) + first + c * 16;
+    const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first + c * 16) / src.scale_group - src.scale_first_group) * 4;
+    uint4 raw[kTok];
+    float scale[kTok];
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) {
+      raw[k] = ldg_stream_16(base, off[k][src.tensor], valid[k]);
+      scale[k] = ldg_f32(scales, off[k][src.scale_tensor], valid[k]);
+    }
+    const uint32_t box0 = T::stage_box(sbase, stage, box + c / 4);
+    const bool high_first = c >= 4;
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) {
+      uint4 lo, hi;
+      dequant16<src.dtype, Cfg::kElem>(raw[k], scale[k], lo, hi);
+      const int row = p / 8 + 16 * k;
+      const uint32_t at_lo = box0 + sw128(row, 2 * (c % 4)), at_hi = box0 + sw128(row, 2 * (c % 4) + 1);
+      sts128(high_first ? at_hi : at_lo, high_first ? hi : lo);
+      sts128(high_first ? at_lo : at_hi, high_first ? lo : hi);
+    }
+    fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
+    mbarrier_arrive(T::full(sbase, stage, box));
+    mbarrier_arrive(T::full(sbase, stage, box + 1));
   }
 };
 

@@ -30,10 +30,28 @@ template <class Cfg>
 __host__ __device__ constexpr bool boxes_filled() {
   for (int b = 0; b < Cfg::kBoxes; ++b)
     if (box_source<Cfg>(b) < 0) return false;
-  for (int i = 0; i < Cfg::kNumSources; ++i)
-    if (Cfg::kSources[i].smem_col % kBoxCols != 0 || Cfg::kSources[i].width % kBoxCols != 0 || Cfg::kSources[i].dtype != Cfg::kElem ||
-        Cfg::kSources[i].offset_bytes % 16 != 0 || Cfg::kSources[i].head_stride_bytes % 16 != 0 || Cfg::kTokenStride[Cfg::kSources[i].tensor] % 16 != 0)
+  for (int i = 0; i < Cfg::kNumSources; ++i) {
+    const Source& s = Cfg::kSources[i];
+    if (s.smem_col % kBoxCols != 0 || s.width % kBoxCols != 0 || (s.dtype != Cfg::kElem && !is_fp8(s.dtype)) || s.offset_bytes % 16 != 0 ||
+        s.head_stride_bytes % 16 != 0 || Cfg::kTokenStride[s.tensor] % 16 != 0)
       return false;
+    // fp8 (produce.cuh: dequant_pair): pairs of boxes, a 16-value chunk in one scale group
+    if (is_fp8(s.dtype) && (s.width % (2 * kBoxCols) != 0 || s.scale_group % 16 != 0 || (s.seg_lo % 16) != 0 || !s.has_scale()))
+      return false;
+  }
+  return true;
+}
+
+// Whether no pair of fp8 boxes straddles the boundary of a stage's early and late groups
+// (kEarly): the producer fills a pair at once.
+template <class Cfg>
+__host__ __device__ constexpr bool fp8_pairs_in_groups(int early) {
+  for (int i = 0; i < Cfg::kNumSources; ++i) {
+    const Source& s = Cfg::kSources[i];
+    if (is_fp8(s.dtype) && s.smem_col < early * kBoxCols && early * kBoxCols < s.smem_col + s.width &&
+        (early * kBoxCols - s.smem_col) % (2 * kBoxCols) != 0)
+      return false;
+  }
   return true;
 }
 
@@ -101,8 +119,8 @@ struct HopperTraits {
   static constexpr int kNumBarriers = kHandoffs + 3;
 
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
-  static_assert(!Cfg::kSparse, "dense caches (block table)");
-  static_assert(Cfg::kTmaRows == 0 || (Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0), "a TMA copy of a box: a tile of one page");
+  static_assert(Cfg::kTmaRows == 0 || (Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0 && !Cfg::kSparse),
+                "a TMA copy of a box: a tile of one page (dense)");
   static_assert(kStages >= 2 && (!kSeesaw || kStages % 2 == 0), "the seesaw: pairs of tiles, a pair in two stages");
   static_assert(kM == (kSeesaw ? 1 : 2) * kGroupRows && kN == 64,
                 "seesaw 64 rows (one wgmma M), stacked 128 (one per consumer warp group) x 64 tokens (a P tile is one box)");
@@ -115,7 +133,8 @@ struct HopperTraits {
                     Cfg::kNumValueRuns == 1 && Cfg::kValueRuns[0].col == 0 && Cfg::kValueRuns[0].width == Cfg::kDV,
                 "key = all staged columns, value = the first d_v");
   static_assert(kPBox >= kValueBoxes && kPBox < kBoxes, "P goes in a key-only box");
-  static_assert(boxes_filled<Cfg>(), "every box filled by one 16-bit source, 16-byte aligned");
+  static_assert(boxes_filled<Cfg>(), "every box filled by one source (16-bit, or fp8 in pairs of boxes), 16-byte aligned");
+  static_assert(fp8_pairs_in_groups<Cfg>(kEarly), "an fp8 box pair in one group of a stage's boxes");
   static_assert(kBoxBytes == kN * 128 && kQBoxBytes == kM * 128 && kKVTileBytes == kBoxes * kBoxBytes, "boxes of 128-byte rows");
   static_assert(!kSeesaw || kBoxBytes == kQBoxBytes, "seesaw: a P tile (64 rows) is a box of the stage");
   static_assert(Cfg::kQOff % 1024 == 0 && Cfg::kKVOff % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms 1024-aligned");
