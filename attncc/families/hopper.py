@@ -27,7 +27,12 @@ over every tile, so each token is read once for 128 rows (GLA-2 at s_q 2: both q
 a kv head's 64 heads). Where a CTA holds 64 rows or fewer (s_q 1), the groups take the same rows
 and alternate tiles, and merge (O, m, l) at the end; `seesaw` keeps the seesaw.
 
-What it does not (yet) run it refuses, and the lowering falls back to mma_sync."""
+Sparse top-k plans read each tile's slots from the query token's indices; fp8 runs are
+dequantized by the producer warp group itself (loads into registers, core/dequant.cuh's exact
+conversion, stores into the swizzled boxes), box pair by box pair; both go by cp.async, not TMA.
+`crossover` (a 2-CTA cluster sharing the dequantized tiles) is not applied yet: tolerated, with
+the lowering's warning. What it does not (yet) run it refuses, and the lowering falls back to
+mma_sync."""
 from __future__ import annotations
 
 from dataclasses import dataclass

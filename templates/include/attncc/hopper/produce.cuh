@@ -12,7 +12,13 @@
 // a slot (page table, paging.cuh) and a byte offset in every cache tensor once per tile, and a
 // chunk of a box then costs one add and its cp.async (the cooperative page-address computation
 // of the GLA paper, with no exchange: each thread computes only what it copies). A token without
-// a slot (past the CTA's view, a bad page number) is zero-filled and flagged for the consumers.
+// a slot (past the CTA's view, a bad page number, a sparse -1 or out-of-range index) is
+// zero-filled and flagged for the consumers. A sparse plan's slots are its query token's indices
+// (paging.cuh), read the same way.
+// fp8 runs (no TMA): the same threads and tokens, a box pair (128 values a token) at a time,
+// loaded into registers, dequantized (core/dequant.cuh) and stored into the boxes: see
+// dequant_pair. The conversion is the producer's own work, pipelined against the consumers'
+// products by the stages.
 //
 // Per stage the producer, for tile i:
 //   writes the tile's flags (a byte per token: no slot; a word per producer warp: any), then
