@@ -62,7 +62,7 @@ __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<
     if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
   }
   TileTokens<Cfg> tt;
-  tt.load(a, ss, tile, p);
+  tt.load(a, ss, tile, p, head);
   fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity, trace_slot);
 }
 

@@ -61,6 +61,12 @@ __device__ __forceinline__ float ldg_f32(const char* base, long long off, bool v
   return v;
 }
 
+// The 128-byte line at base + off into L2 (the sum formed in the instruction's own register, as
+// cp_async_16_at's).
+__device__ __forceinline__ void prefetch_l2_at(const char* base, long long off) {
+  asm volatile("{\n.reg .u64 a;\nadd.s64 a, %0, %1;\nprefetch.global.L2 [a];\n}\n" ::"l"(base), "l"(off));
+}
+
 // cp.async of 16 bytes from base + off (zero-filled when !valid), the sum formed in the
 // instruction's own register: the compiler cannot hoist a tile's 64-bit addresses (a box's
 // worth of them) out of the copy sequence into the producer's few registers.
@@ -77,8 +83,9 @@ struct TileTokens {
   long long off[kTok][Cfg::kNumTensors];         // byte offset of the token in each cache tensor
   bool valid[kTok];
 
-  // The slots of tile `tile` (relative to position 0 of the sequence) for producer thread p.
-  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p) {
+  // The slots of tile `tile` (relative to position 0 of the sequence) for producer thread p,
+  // and, for fp8 runs, each token's lines prefetched into L2 (prefetch_fp8).
+  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p, int head) {
     int raw[kTok];
 #pragma unroll
     for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + p / 8 + 16 * k);
@@ -88,6 +95,33 @@ struct TileTokens {
       valid[k] = slot >= 0;
       static_for<Cfg::kNumTensors>([&](auto ti) { off[k][decltype(ti)::value] = token_offset<Cfg, decltype(ti)::value>(a, max(slot, 0)); });
     }
+    // (the kernels of a contiguous cache only: at any strides the offsets' arithmetic leaves the
+    // producer too few registers, 2-40 bytes spilled)
+    if constexpr (has_fp8<Cfg>() && contiguous_cache<Cfg>::value) {
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) prefetch_fp8(a, head, p, k);
+    }
+  }
+
+  // fp8 runs: token k's 128-byte lines of each run into L2 (thread p takes line p % 8 of every
+  // 8), as soon as its slot is known and before the producer waits for the stage, so that the box
+  // pairs' register loads (dequant_pair), one pair after another, wait for L2 rather than for
+  // HBM: the whole tile is in flight at once. (H200, same-process A/B, outputs bitwise equal: fp8
+  // MLA h_q 128 b=128 s_k 8192 0.953 of the time without at s_q 2, 0.952 at s_q 1; the sparse
+  // example 0.963 / 0.966; one bulk prefetch a token, cp.async.bulk.prefetch.L2, 0.997; bench/
+  // RESULTS.md, session 18.)
+  __device__ __forceinline__ void prefetch_fp8(const AttnccArgs& a, int head, int p, int k) const {
+    static_for<Cfg::kNumSources>([&](auto si) {
+      constexpr int I = decltype(si)::value;
+      constexpr Source src = Cfg::kSources[I];
+      if constexpr (is_fp8(src.dtype)) {
+        constexpr int kLines = src.width / 128;  // whole box pairs: 128 bytes each
+        static_for<(kLines + 7) / 8>([&](auto li) {
+          const int line = p % 8 + 8 * decltype(li)::value;
+          if ((kLines % 8 == 0 || line < kLines) && valid[k]) prefetch_l2_at(run_base<Cfg, I>(a, head) + line * 128, off[k][src.tensor]);
+        });
+      }
+    });
   }
 
   // The tile's flags in `flags` (tile_n bytes, then a word per producer warp), and each thread's

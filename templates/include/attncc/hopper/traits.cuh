@@ -42,6 +42,14 @@ __host__ __device__ constexpr bool boxes_filled() {
   return true;
 }
 
+// Whether some run of the record is fp8 (the producer dequantizes it).
+template <class Cfg>
+__host__ __device__ constexpr bool has_fp8() {
+  for (int i = 0; i < Cfg::kNumSources; ++i)
+    if (is_fp8(Cfg::kSources[i].dtype)) return true;
+  return false;
+}
+
 // Whether no pair of fp8 boxes straddles the boundary of a stage's early and late groups
 // (kEarly): the producer fills a pair at once.
 template <class Cfg>
