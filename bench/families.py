@@ -19,6 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attncc import bench, testing  # noqa: E402
+from attncc.frontend import check_spec  # noqa: E402
+from attncc.kernel import Kernel  # noqa: E402
 
 
 def main() -> int:
@@ -33,18 +35,13 @@ def main() -> int:
     ap.add_argument("--families", help="comma-separated; default: every family that takes the spec")
     args = ap.parse_args()
     fams = args.families.split(",") if args.families else testing.families_of(args.spec)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # knobs a family does not apply
-        kernels = {f: testing.on_family(args.spec, f) for f in fams}
-    spec = kernels[fams[0]].spec
+    spec = check_spec(args.spec)
     cfg = bench.Config(batch=args.batch, s_q=args.sq, heads_q=args.heads or spec.heads_q,
                        seqlen=args.seqlen, page_size=args.page or spec.page_size)
-    if (cfg.heads_q, cfg.page_size) != (spec.heads_q, spec.page_size):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from attncc.kernel import Kernel
-
-            kernels = {f: Kernel(bench.variant(k.spec, cfg.heads_q, cfg.page_size), f) for f, k in kernels.items()}
+    spec = bench.variant(spec, cfg.heads_q, cfg.page_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # knobs a family does not apply
+        kernels = {f: Kernel(spec, f) for f in fams}
     ceilings = bench.measure_ceilings()
     times: dict[str, list[float]] = {f: [] for f in fams}
     host: dict[str, list[float]] = {f: [] for f in fams}

@@ -111,14 +111,6 @@ class HopperFamily(Family):
         sched = spec.schedule
         if spec.elem.name != "bf16":
             raise Refusal(f"runs bf16 records; this one is {spec.elem.name}", spec.span_of("cache"))
-        for src in layout.sources:
-            if DTYPES[src.dtype].is_fp8 and src.width % (2 * BOX_COLS):
-                raise Refusal(f"segment `{src.segment}`: the producer dequantizes fp8 in pairs of "
-                              f"{BOX_COLS}-column boxes (128 values a token); this run is {src.width} wide",
-                              spec.segment(src.segment).span)
-            if DTYPES[src.dtype].is_fp8 and (src.scale is None or src.scale.group % 16 or src.seg_lo % 16):
-                raise Refusal(f"segment `{src.segment}`: fp8 needs a scale group of a multiple of 16 "
-                              "values (a thread's 16-byte chunk in one group)", spec.segment(src.segment).span)
         if self._seesaw(spec) and (spec.d_v % 2 or spec.d_v // 2 not in HALF_COLS):
             raise Refusal(f"the seesaw splits the value into two halves of {', '.join(map(str, HALF_COLS))} "
                           f"columns (a wgmma N of whole boxes); this value is {spec.d_v} wide",
@@ -141,6 +133,13 @@ class HopperFamily(Family):
                 raise Refusal(f"segment `{src.segment}` starts at byte {src.offset_bytes} "
                               f"(head stride {src.head_stride_bytes}): needs 16-byte alignment",
                               spec.segment(src.segment).span)
+            if DTYPES[src.dtype].is_fp8 and src.width % (2 * BOX_COLS):
+                raise Refusal(f"segment `{src.segment}`: the producer dequantizes fp8 in pairs of "
+                              f"{BOX_COLS}-column boxes (128 values a token); this run is {src.width} wide",
+                              spec.segment(src.segment).span)
+            if DTYPES[src.dtype].is_fp8 and (src.scale is None or src.scale.group % 16 or src.seg_lo % 16):
+                raise Refusal(f"segment `{src.segment}`: fp8 needs a scale group of a multiple of 16 "
+                              "values (a thread's 16-byte chunk in one group)", spec.segment(src.segment).span)
         for t in layout.tensors:
             if t.token_stride_bytes % 16:
                 raise Refusal(f"cache tensor `{t.name}`: {t.token_stride_bytes} bytes per token, "

@@ -165,7 +165,8 @@ struct TileTokens {
       constexpr Source src = Cfg::kSources[I];
       if constexpr (is_fp8(src.dtype) && (box == kFrom || box_source<Cfg>(box - 1) != I)) {
         // the run's boxes in this group: [box, kEnd)
-        constexpr int kEnd = kTo < src.smem_col / kBoxCols + src.width / kBoxCols ? kTo : src.smem_col / kBoxCols + src.width / kBoxCols;
+        constexpr int kRunEnd = (src.smem_col + src.width) / kBoxCols;
+        constexpr int kEnd = kTo < kRunEnd ? kTo : kRunEnd;
         static_assert((box * kBoxCols - src.smem_col) % (2 * kBoxCols) == 0 && (kEnd - box) % 2 == 0,
                       "an fp8 run's boxes of a group in whole pairs");
         // a loop, not unrolled: ptxas would hoist every pair's loads to the top, past the
