@@ -1,4 +1,5 @@
 """Spec texts for tests beyond examples/: the extra grid of the CUDA path (issue 3)."""
+import re
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -17,6 +18,13 @@ def mla(page=64, heads=128, sq=2, causal=True, extra="", elem="bf16"):
     scale 0.0721687836
 }}
 {extra}"""
+
+
+def without_crossover(text: str, name: str) -> str:
+    """The spec with its `crossover` schedule knob left out (and named `name`): the same
+    attention, each CTA converting its tiles itself."""
+    kept = [line for line in text.splitlines() if line.split("#")[0].strip() != "crossover"]
+    return re.sub(r"^(attention|schedule) \w+", lambda m: f"{m[1]} {name}", "\n".join(kept), flags=re.M) + "\n"
 
 
 def gla(name, heads, kv, page=64, latent=256, sq=2, causal=True, extra=""):
@@ -122,6 +130,12 @@ EXTRA = {
     tokens topk 100
     query len <= 2
 }""",
+    # crossover (2-CTA clusters sharing the fp8 conversion): dense at page 5 (cp.async, odd
+    # pages), e4m3 per 64, causal s_q <= 2; the sparse example without it on both families
+    "mla_fp8_crossover": mla(page=5, heads=128).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 64")
+                                               .replace("mla_p5_h128", "mla_fp8_crossover")
+                         + "schedule mla_fp8_crossover {\n    crossover\n}\n",
+    "sparse_fp8_h128": without_crossover((EXAMPLES / "mla_fp8_sparse.attn").read_text(), "sparse_fp8_h128"),
     "gqa8_separate": """attention gqa8_separate {
     heads q = 32, kv = 8
     cache paged(16) separate { k: bf16[128]  v: bf16[128] }

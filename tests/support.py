@@ -67,7 +67,7 @@ attention separate_small {
 
 
 def compile_quiet(source, family=None):
-    """attncc.compile without the `crossover` "not yet applied" warning (`family`: on that
+    """attncc.compile without a tolerated knob's "not yet applied" warning (`family`: on that
     kernel family only, attncc.testing.on_family)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

@@ -620,17 +620,55 @@ def test_small_value_width_gets_a_legal_tile():
 
 # --- seesaw / crossover ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name, knob", [("mla_fp8_sparse", "crossover")])
-def test_hopper_knobs_warn_not_yet_applied(name, knob):
+def test_a_tolerated_knob_warns_not_yet_applied():
+    """`seesaw` on a spec only mma_sync runs (a group of 16): run without it, with a warning
+    at the caller and a line in explain."""
+    source = mla(heads=16, extra="schedule mla_p64_h16 {\n    seesaw\n}\n")
     with pytest.warns(UserWarning, match="not yet applied") as record:
-        k = attncc.compile(REPO / "examples" / f"{name}.attn")
+        k = attncc.compile(source)
     messages = [str(w.message) for w in record if "not yet applied" in str(w.message)]
-    assert any(f"`{knob}`" in m for m in messages), messages
+    assert any("`seesaw`" in m and "mma_sync" in m for m in messages), messages
     assert all(w.filename == __file__ for w in record if "not yet applied" in str(w.message)), \
         "the warning points at the caller of attncc.compile"
-    assert k.plan.not_applied == (knob,)
+    assert k.plan.not_applied == ("seesaw",)
     lines = [line for line in k.explain().splitlines() if "not yet applied" in line]
-    assert len(lines) == 1 and f"`{knob}`" in lines[0]
+    assert len(lines) == 1 and "`seesaw`" in lines[0]
+
+
+def test_crossover_is_applied_by_the_hopper_family_and_explained():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not yet applied"
+        k = attncc.compile(REPO / "examples" / "mla_fp8_sparse.attn")
+    cfg = k.plan.config
+    assert k.plan.family == "hopper" and k.plan.not_applied == () and cfg.crossover and cfg.seesaw
+    assert re.search(r"^\s+crossover\s+True\s+`crossover`: clusters of two CTAs", k.explain(), re.M)
+    # its PEER_FREE barriers (early, late per stage) are in the plan's shared memory
+    barriers = cfg.stages * cfg.boxes + 3 * cfg.stages + 3 + 2 * cfg.stages
+    assert cfg.flags_off >= cfg.bar_off + 8 * barriers
+    plain = compile_quiet(EXTRA["sparse_fp8_h128"])
+    assert plain.plan.family == "hopper" and not plain.plan.config.crossover
+    assert re.search(r"^\s+crossover\s+False\s+not chosen: each CTA converts", plain.explain(), re.M)
+    assert plain.plan.config.flags_off < cfg.flags_off
+
+
+CROSSOVER_REFUSALS = [
+    # (spec without the knob, what the refusal says)
+    (mla(heads=128), "this cache has no fp8 run"),
+    (EXTRA["gla_fp8_e5m2"], "this plan is stacked"),
+    (EXTRA["mla_fp8_page1_h64"], "a group of a multiple of 128 query heads; this one is 64"),
+]
+
+
+@pytest.mark.parametrize("source, words", CROSSOVER_REFUSALS, ids=["bf16", "stacked", "group64"])
+def test_crossover_where_it_cannot_apply_is_an_error_at_the_knob(source, words):
+    name = re.search(r"^attention (\w+)", source, re.M)[1]
+    text = source.rstrip() + f"\nschedule {name} {{\n    crossover\n}}\n"
+    knob_line = text.splitlines().index("    crossover") + 1
+    with pytest.raises(attncc.SpecError) as err:
+        attncc.compile(text)
+    message = str(err.value)
+    assert f":{knob_line}:5:" in message and words in message, message
+    assert "mma_sync: does not apply `crossover`" in message, message
 
 
 def test_seesaw_is_applied_by_the_hopper_family_and_explained():
@@ -762,10 +800,9 @@ def test_the_hopper_family_refusals_name_the_knob_and_the_limit():
         assert k.plan.family == "mma_sync" and words in dict(k.plan.refused)["hopper"], dict(k.plan.refused)
 
 
-def test_the_hopper_family_runs_fp8_and_sparse_and_says_crossover_is_not_applied():
-    with pytest.warns(UserWarning, match="`crossover` is not yet applied: attncc runs `mla_fp8_sparse` on the hopper"):
-        k = attncc.compile(REPO / "examples" / "mla_fp8_sparse.attn")
-    assert k.plan.family == "hopper" and k.plan.not_applied == ("crossover",)
+def test_the_hopper_family_runs_fp8_and_sparse():
+    k = attncc.compile(REPO / "examples" / "mla_fp8_sparse.attn")
+    assert k.plan.family == "hopper" and k.plan.not_applied == ()
     assert k.plan.config.tma_rows == 0 and "sparse top-k" in k.plan.config.reason("tma_rows")
     k = compile_quiet(EXTRA["gla_fp8_e5m2"])  # stacked: the fp8 producer takes 72 registers
     assert (k.plan.family, k.plan.config.seesaw) == ("hopper", False)

@@ -30,9 +30,16 @@ and alternate tiles, and merge (O, m, l) at the end; `seesaw` keeps the seesaw.
 Sparse top-k plans read each tile's slots from the query token's indices; fp8 runs are
 dequantized by the producer warp group itself (loads into registers, core/dequant.cuh's exact
 conversion, stores into the swizzled boxes), box pair by box pair; both go by cp.async, not TMA.
-`crossover` (a 2-CTA cluster sharing the dequantized tiles) is not applied yet: tolerated, with
-the lowering's warning. What it does not (yet) run it refuses, and the lowering falls back to
-mma_sync."""
+`crossover` runs the CTAs in clusters of two, row blocks 2i and 2i + 1 of a kv head, which read
+the same tokens: each producer converts half of every tile's fp8 tokens and copies its half of
+each box into the peer's stage (distributed shared memory, a bulk copy a box), so each value is
+converted once per cluster (hopper/cluster.cuh, produce.cuh). Applied where written, never
+chosen: on the H200 it has measured slower than each CTA converting its own tiles (the
+producer waits for memory once a group of boxes whatever it converts, and the pair's coupling
+costs more than the halved conversion saves: bench/RESULTS.md, session 19). It needs fp8 runs, the seesaw's 64-row CTAs and a
+group of a multiple of 128 query heads (a pair of row blocks is then one query token's: the
+same causal limit); a knob it cannot apply is a positioned error. What the family does not
+(yet) run it refuses, and the lowering falls back to mma_sync."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,6 +74,7 @@ HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its war
 class HopperConfig(KernelConfig):
     seesaw: bool              # two consumer warp groups split the output's columns (else stacked:
                               # each owns 64 rows, or alternate tiles of the same rows)
+    crossover: bool           # clusters of two CTAs (row blocks 2i, 2i + 1) sharing the fp8 conversion
     consumer_registers: int   # setmaxnreg of the consumer warp groups ...
     producer_registers: int   # ... and of the producer
     tma_rows: int             # tokens of one TMA copy of a box (tile_n: a tile of one page); 0: cp.async
@@ -82,7 +90,8 @@ class HopperConfig(KernelConfig):
     q_off: int                # shared-memory regions, bytes from the base (1024-aligned tiles)
     kv_off: int
     bar_off: int              # mbarriers: FULL[stage][box], EMPTY early/late[stage], FLAGS[stage],
-                              # then the consumers' handoffs MAX_A, P_B, P_A
+                              # then the consumers' handoffs MAX_A, P_B, P_A (crossover: then
+                              # PEER_FREE early/late[stage])
     flags_off: int            # per stage: tile_n bytes (token without a slot), then 4 words (any)
     flags_pitch: int
     rows_off: int             # row state: m, c_a, c_b, l of each warp group (floats per row)
@@ -98,8 +107,8 @@ class HopperFamily(Family):
     name = "hopper"
     summary = "sm_90a warp-specialized wgmma, seesaw or stacked schedule"
     targets = ("sm90a",)
-    honours = frozenset({"tile", "stages", "seesaw"})
-    tolerates = frozenset({"crossover"})  # each CTA dequantizes its whole tiles (no cluster yet)
+    honours = frozenset({"tile", "stages", "seesaw", "crossover"})
+    tolerates = frozenset()
     template = "hopper/decode.cu.j2"
     limits = ("value 128, 256 or 512 wide (the seesaw's two halves), key = value ++ more, on "
               "64-column boxes", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16",
@@ -152,9 +161,31 @@ class HopperFamily(Family):
             raise Refusal(f"`tile q = {sched.tile_q}, kv = {sched.tile_kv}`: the "
                           f"{'seesaw' if self._seesaw(spec) else 'stacked schedule'} runs "
                           f"{self._tile_m(spec)} x {TILE_N}", sched.span_of("tile"), "tile")
+        if sched.crossover:
+            self._check_crossover(spec, layout)
         if self._seesaw(spec) and sched.stages is not None and sched.stages % PAIR_STAGES:
             raise Refusal(f"`stages {sched.stages}`: the seesaw keeps pairs of tiles in sets of "
                           f"{PAIR_STAGES} stages", sched.span_of("stages"), "stages")
+
+    @classmethod
+    def _check_crossover(cls, spec: Spec, layout: Layout) -> None:
+        """`crossover` where the kernel can apply it, else a refusal at the knob."""
+        at = spec.schedule.span_of("crossover")
+        if not layout.fp8:
+            raise Refusal("`crossover` shares the fp8 conversion between a cluster's two CTAs; "
+                          "this cache has no fp8 run", at, "crossover")
+        if not cls._seesaw(spec):
+            raise Refusal(f"`crossover` pairs the seesaw's {TILE_M}-row CTAs; this plan is stacked "
+                          f"({STACKED_TILE_M} rows a CTA already share each tile)", at, "crossover")
+        p_src = next(s for s in layout.sources if s.smem_col <= spec.d_v < s.smem_col + s.width)
+        if DTYPES[p_src.dtype].is_fp8:
+            raise Refusal(f"`crossover` copies each box's half to the peer before P overwrites the "
+                          f"first key-only box; that box is fp8 (segment `{p_src.segment}`), "
+                          "converted in place", at, "crossover")
+        if spec.group % (2 * TILE_M):
+            raise Refusal(f"`crossover` needs an even number of {TILE_M}-row blocks per kv head, each "
+                          f"pair one query token's rows: a group of a multiple of {2 * TILE_M} query "
+                          f"heads; this one is {spec.group}", at, "crossover")
 
     @staticmethod
     def _seesaw(spec: Spec) -> bool:
@@ -191,9 +222,13 @@ class HopperFamily(Family):
     def lower(self, spec: Spec, layout: Layout, target: Target) -> HopperConfig:
         if not target.wgmma:
             raise Refusal(f"needs wgmma; {target.name} has none", spec.schedule.span_of("target"))
+        if spec.schedule.crossover and not target.clusters:
+            raise Refusal(f"`crossover` needs thread-block clusters; {target.name} has none",
+                          spec.schedule.span_of("crossover"), "crossover")
         self._check(spec, layout)
         sched = spec.schedule
         seesaw, tile_m = self._seesaw(spec), self._tile_m(spec)
+        crossover = sched.crossover
         boxes = spec.d_k // BOX_COLS
         box_bytes = TILE_N * BOX_COLS * 2
         q_box_bytes = tile_m * BOX_COLS * 2
@@ -205,7 +240,7 @@ class HopperFamily(Family):
             bar_off = kv_off + stages * kv_tile
             # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs
             # between the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
-            n_bars = stages * boxes + 3 * stages + HANDOFFS
+            n_bars = stages * boxes + 3 * stages + HANDOFFS + (2 * stages if crossover else 0)
             flags_off = -(-(bar_off + n_bars * BARRIER_BYTES) // 16) * 16  # 16-byte loads of the words
             flags_pitch = TILE_N + 16
             rows_off = flags_off + stages * flags_pitch
@@ -266,6 +301,11 @@ class HopperFamily(Family):
             ("stages", stages_why),
             ("threads", "a producer warp group and two consumer warp groups"),
             ("seesaw", seesaw_why),
+            ("crossover", "`crossover`: clusters of two CTAs (row blocks 2i, 2i + 1 of a kv head, one "
+             "query token's rows), each producer converting half of every tile's fp8 tokens and "
+             "copying it into the peer's stage (DSMEM)" if crossover else
+             "not chosen: each CTA converts its tiles' fp8 runs itself (crossover measured slower, "
+             "H200: 1.05-1.14x its time)" if layout.fp8 else "no fp8 run to share"),
             ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
             ("consumer_registers", f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
              "spills (ptxas)" + ("" if seesaw else "; 216 leaves the fp8 producer 72" if layout.fp8
@@ -284,7 +324,7 @@ class HopperFamily(Family):
         return HopperConfig(
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
-            dependent_launch=target.dependent_launch, seesaw=seesaw,
+            dependent_launch=target.dependent_launch, seesaw=seesaw, crossover=crossover,
             consumer_registers=CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
             producer_registers=PRODUCER_REGISTERS if seesaw or layout.fp8 else STACKED_PRODUCER_REGISTERS,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,

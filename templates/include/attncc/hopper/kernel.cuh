@@ -17,6 +17,11 @@
 // Stacked: the whole stage (one early group) when both groups (or the tile's one) are past its
 // O += P V; the producer fills stage k % kStages with tile k of its stream.
 //
+// crossover (kCrossover): the CTAs run in clusters of two, row blocks 2i and 2i + 1 of a kv head
+// (consecutive blocks: the lane's fastest index), both walking the same pieces; their producers
+// share the dequantized tiles (produce.cuh), and the cluster meets after the barriers' inits and
+// before it exits.
+//
 // Runtime conditions as the mma_sync family's (host-checked in launch.cuh); registers: 168 a
 // thread at launch (384 threads, 1 CTA an SM), then kConsumerRegisters / kProducerRegisters.
 #pragma once
@@ -27,6 +32,7 @@
 #include "attncc/core/ptx.cuh"
 #include "attncc/core/work.cuh"
 #include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/cluster.cuh"
 #include "attncc/hopper/produce.cuh"
 #include "attncc/hopper/seesaw.cuh"
 #include "attncc/hopper/stacked.cuh"
@@ -62,7 +68,7 @@ __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<
     if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
   }
   TileTokens<Cfg> tt;
-  tt.load(a, ss, tile, p, head);
+  tt.load(a, ss, tile, p, head, sbase);
   fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity, trace_slot);
 }
 
@@ -161,7 +167,29 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
     mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
   }
   for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase)}) mbarrier_init(bar, kGroupThreads);
+  if constexpr (T::kCrossover) {
+    for (int s = 0; s < T::kStages; ++s) {
+      mbarrier_init(T::peer_free_early(sbase, s), 1);  // the peer producer's thread 0
+      mbarrier_init(T::peer_free_late(sbase, s), 1);
+    }
+  }
   fence_mbarrier_init();
+}
+
+// Every thread of the CTA (crossover: of the cluster) meets here: after the barriers' inits (the
+// peer arrives on and stores into this CTA's), and, crossover, before any thread exits (the peer
+// may still be arriving or storing).
+template <class Cfg>
+__device__ __forceinline__ void cta_sync() {
+  if constexpr (Cfg::kCrossover) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
+}
+template <class Cfg>
+__device__ __forceinline__ void before_exit() {
+  if constexpr (Cfg::kCrossover) cluster_sync();
 }
 
 // Split mode: one piece, the CTA's split.
@@ -171,18 +199,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sbase = smem_addr(smem);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
-  __syncthreads();
+  cta_sync<Cfg>();
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     Progress<Cfg::kStages> pr;
     produce<Cfg>(args, maps, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, pr);
     cp_async_commit();
     cp_async_wait<0>();  // no copy in flight when the producer exits
+    if constexpr (Cfg::kCrossover) bulk_wait<0>();  // nor a bulk copy into the peer
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegisters>();
     Progress<Cfg::kStages> pr;
     consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, pr);
   }
+  before_exit<Cfg>();
 }
 
 // Part mode: each role walks the part's pieces (its own copy of the walk in shared memory,
@@ -217,7 +247,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x);
     if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw);
   }
-  __syncthreads();
+  cta_sync<Cfg>();
   Progress<Cfg::kStages> pr;
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
@@ -226,12 +256,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
                      [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, pr); });
     cp_async_commit();
     cp_async_wait<0>();
+    if constexpr (Cfg::kCrossover) bulk_wait<0>();
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegisters>();
     walk_pieces<Cfg>(args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
                      [&](const CtaWork<Cfg>& w) { consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, pr); });
     if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();  // the part's results are written
   }
+  before_exit<Cfg>();
 }
 
 }  // namespace hopper

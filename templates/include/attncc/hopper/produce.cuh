@@ -17,8 +17,24 @@
 // (paging.cuh), read the same way.
 // fp8 runs (no TMA): the same threads and tokens, a box pair (128 values a token) at a time,
 // loaded into registers, dequantized (core/dequant.cuh) and stored into the boxes: see
-// dequant_pair. The conversion is the producer's own work, pipelined against the consumers'
+// TileTokens::load_unit / store_unit. The conversion is the producer's own work, pipelined against the consumers'
 // products by the stages.
+//
+// crossover (kCrossover: a 2-CTA cluster, cluster.cuh): the CTAs of a cluster take row blocks
+// 2i and 2i + 1 of one kv head, so they read the same tokens. Each producer still finds every
+// token's validity (the flags), but fills every box only for its half of the tile's tokens (each
+// thread's tokens taken in a rotated order, TileTokens::row, so that its first kTok / 2 are its
+// CTA's half: rank 0 rows [0, 32), rank 1 rows [32, 64), 4 KB contiguous in each box): fp8 runs
+// converted, 16-bit runs by cp.async, as without crossover. Once a group's half is stored (and
+// fenced for the async proxy, the producer at a named barrier), its thread 0 copies each box's
+// half into the peer's box by one bulk copy (DSMEM), counted as transaction bytes on the peer's
+// FULL of the box. So every fp8 value is converted once per cluster. A producer writes a stage's
+// group only when both CTAs' consumers have released it: after its own EMPTY wait its thread 0
+// arrives on the peer's PEER_FREE of the group, and it waits for its own PEER_FREE (the peer's
+// EMPTY, passed on) before the copies. A FULL completes with the own producer's 128 arrivals
+// (thread 0's expecting the half box the peer copies in) and those bytes. A group's bulk copies
+// have read their sources before the producer's next group is copied (its thread 0 waits): the
+// boxes are written again two groups later at the earliest.
 //
 // Per stage the producer, for tile i:
 //   writes the tile's flags (a byte per token: no slot; a word per producer warp: any), then
@@ -28,6 +44,8 @@
 // The consumers fence the boxes to the async proxy (wgmma) after their FULL wait.
 #pragma once
 
+#include <type_traits>
+
 #include "attncc/abi.h"
 #include "attncc/core/copy.cuh"
 #include "attncc/core/dequant.cuh"
@@ -35,6 +53,7 @@
 #include "attncc/core/ptx.cuh"
 #include "attncc/core/trace.cuh"
 #include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/cluster.cuh"
 #include "attncc/hopper/tma.cuh"
 #include "attncc/hopper/traits.cuh"
 #include "attncc/hopper/wgmma.cuh"
@@ -77,40 +96,67 @@ __device__ __forceinline__ void cp_async_16_at(uint32_t dst, const char* base, l
       : "memory");
 }
 
+// cp.async of the 4 bytes (an fp32 scale) at base + off, zero when !valid.
+__device__ __forceinline__ void cp_async_4_at(uint32_t dst, const char* base, long long off, bool valid) {
+  asm volatile(
+      "{\n.reg .u64 a;\nadd.s64 a, %1, %2;\ncp.async.ca.shared.global [%0], [a], 4, %3;\n}\n" ::"r"(dst), "l"(base), "l"(off),
+      "r"(valid ? 4 : 0)
+      : "memory");
+}
+
 template <class Cfg>
 struct TileTokens {
   static constexpr int kTok = Cfg::kTileN / 16;  // tokens per producer thread
-  long long off[kTok][Cfg::kNumTensors];         // byte offset of the token in each cache tensor
+  // of them the ones whose fp8 runs it converts: all, or (crossover) its CTA's half
+  static constexpr int kMine = Cfg::kCrossover ? kTok / 2 : kTok;
+  long long off[kMine][Cfg::kNumTensors];        // byte offset of the token in each cache tensor
   bool valid[kTok];
+  int shift;      // crossover: the rows of this CTA's half (0 or kMine * 16), where each thread starts
+  uint32_t peer;  // ... and the peer CTA's shared::cluster address of this CTA's shared-memory base
 
-  // The slots of tile `tile` (relative to position 0 of the sequence) for producer thread p,
-  // and, for fp8 runs, each token's lines prefetched into L2 (prefetch_fp8).
-  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p, int head) {
+  // The tile row of this thread's token k: rows p / 8 + 16 k, rotated by `shift` (crossover), so
+  // that tokens [0, kMine) are the ones this CTA converts.
+  __device__ __forceinline__ int row(int p, int k) const {
+    if constexpr (Cfg::kCrossover) {
+      return (p / 8 + 16 * k + shift) % Cfg::kTileN;
+    } else {
+      return p / 8 + 16 * k;
+    }
+  }
+
+  // The slots of tile `tile` (relative to position 0 of the sequence) for producer thread p (the
+  // offsets of its first kMine tokens, the validity of all), and, for fp8 runs, each of its first
+  // kMine tokens' lines prefetched into L2 (prefetch_fp8).
+  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p, int head, uint32_t sbase) {
+    shift = Cfg::kCrossover ? cluster_rank() * kMine * 16 : 0;
+    peer = Cfg::kCrossover ? peer_base(sbase) : 0;
     int raw[kTok];
 #pragma unroll
-    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + p / 8 + 16 * k);
+    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + row(p, k));
 #pragma unroll
     for (int k = 0; k < kTok; ++k) {
-      const int slot = slot_from_raw<Cfg>(a, raw[k], tile * Cfg::kTileN + p / 8 + 16 * k);
+      const int slot = slot_from_raw<Cfg>(a, raw[k], tile * Cfg::kTileN + row(p, k));
       valid[k] = slot >= 0;
-      static_for<Cfg::kNumTensors>([&](auto ti) { off[k][decltype(ti)::value] = token_offset<Cfg, decltype(ti)::value>(a, max(slot, 0)); });
+      if (k < kMine) {
+        static_for<Cfg::kNumTensors>([&](auto ti) { off[k][decltype(ti)::value] = token_offset<Cfg, decltype(ti)::value>(a, max(slot, 0)); });
+      }
     }
     // (the kernels of a contiguous cache only: at any strides the offsets' arithmetic leaves the
     // producer too few registers, 2-40 bytes spilled)
     if constexpr (has_fp8<Cfg>() && contiguous_cache<Cfg>::value) {
 #pragma unroll
-      for (int k = 0; k < kTok; ++k) prefetch_fp8(a, head, p, k);
+      for (int j = 0; j < kMine; ++j) prefetch_fp8(a, head, p, j);
     }
   }
 
-  // fp8 runs: token k's 128-byte lines of each run into L2 (thread p takes line p % 8 of every
-  // 8), as soon as its slot is known and before the producer waits for the stage, so that the box
-  // pairs' register loads (dequant_pair), one pair after another, wait for L2 rather than for
+  // fp8 runs: the 128-byte lines of each run of token j (< kMine) into L2 (thread p takes line p % 8
+  // of every 8), as soon as its slot is known and before the producer waits for the stage, so that the box
+  // pairs' register loads (load_unit), one pair after another, wait for L2 rather than for
   // HBM: the whole tile is in flight at once. (H200, same-process A/B, outputs bitwise equal: fp8
   // MLA h_q 128 b=128 s_k 8192 0.953 of the time without at s_q 2, 0.952 at s_q 1; the sparse
   // example 0.963 / 0.966; one bulk prefetch a token, cp.async.bulk.prefetch.L2, 0.997; bench/
   // RESULTS.md, session 18.)
-  __device__ __forceinline__ void prefetch_fp8(const AttnccArgs& a, int head, int p, int k) const {
+  __device__ __forceinline__ void prefetch_fp8(const AttnccArgs& a, int head, int p, int j) const {
     static_for<Cfg::kNumSources>([&](auto si) {
       constexpr int I = decltype(si)::value;
       constexpr Source src = Cfg::kSources[I];
@@ -118,7 +164,7 @@ struct TileTokens {
         constexpr int kLines = src.width / 128;  // whole box pairs: 128 bytes each
         static_for<(kLines + 7) / 8>([&](auto li) {
           const int line = p % 8 + 8 * decltype(li)::value;
-          if ((kLines % 8 == 0 || line < kLines) && valid[k]) prefetch_l2_at(run_base<Cfg, I>(a, head) + line * 128, off[k][src.tensor]);
+          if ((kLines % 8 == 0 || line < kLines) && valid[j]) prefetch_l2_at(run_base<Cfg, I>(a, head) + line * 128, off[j][src.tensor]);
         });
       }
     });
@@ -131,7 +177,7 @@ struct TileTokens {
     if (p % 8 == 0) {
 #pragma unroll
       for (int k = 0; k < kTok; ++k) {
-        flags[p / 8 + 16 * k] = valid[k] ? 0 : 1;
+        flags[row(p, k)] = valid[k] ? 0 : 1;
         any = any || !valid[k];
       }
     }
@@ -141,12 +187,16 @@ struct TileTokens {
   }
 
   // Boxes [kFrom, kTo) of stage `stage`: this thread's copies of each, then its arrival on the
-  // box's FULL. 16-bit boxes first: their cp.async, the arrival counted when they land (in
-  // flight while the fp8 boxes are converted). Then each fp8 run's boxes in the group, in pairs
-  // (dequant_pair), the arrivals on both boxes' FULL after the stores.
+  // box's FULL. 16-bit boxes: their cp.async, the arrival counted when they land. fp8 box pairs
+  // (128 values a token): the raw bytes of every pair of the group by cp.async into the pair's
+  // second box (token row r's 128 bytes at byte 128 r) and their scales into its first (thread
+  // p's at byte 128 r + 16 (p % 8)), so that the group's loads wait for memory once and hold no
+  // registers; then each pair converted in place (convert_pair). Crossover: the same for this CTA's half of the tokens, then the group's
+  // halves shared with the peer (share_group).
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
     using T = HopperTraits<Cfg>;
+    constexpr int kPairs = pairs_in(kFrom, kTo);
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr int I = box_source<Cfg>(box);
@@ -155,10 +205,24 @@ struct TileTokens {
         const char* base = run_base<Cfg, I>(a, head) + (box * kBoxCols - src.smem_col) * 2 + (p % 8) * 16;
         const uint32_t dst = T::stage_box(sbase, stage, box);
 #pragma unroll
-        for (int k = 0; k < kTok; ++k) cp_async_16_at(dst + sw128(p / 8 + 16 * k, p % 8), base, off[k][src.tensor], valid[k]);
-        cp_async_arrive(T::full(sbase, stage, box));
+        for (int k = 0; k < kMine; ++k) cp_async_16_at(dst + sw128(row(p, k), p % 8), base, off[k][src.tensor], valid[k]);
+        if constexpr (!Cfg::kCrossover) cp_async_arrive(T::full(sbase, stage, box));
       }
     });
+    if constexpr (kPairs > 0) {
+      for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { load_pair<decltype(run)::value>(a, sbase, stage, head, p, b); });
+      cp_async_commit();
+      cp_async_wait<0>();  // this thread's raw chunks and scales (it alone reads them)
+      for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { convert_pair<decltype(run)::value>(sbase, stage, p, b); });
+    }
+    if constexpr (Cfg::kCrossover) share_group<kFrom, kTo>(sbase, stage, p);
+  }
+
+  // f(run I, first box b) for each fp8 box pair of boxes [kFrom, kTo), run by run, a run's pairs
+  // in a loop, not unrolled (ptxas would hoist every pair's addresses or reads to the top, past
+  // the producer's registers).
+  template <int kFrom, int kTo, class F>
+  __device__ __forceinline__ static void for_each_fp8_run(F&& f) {
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr int I = box_source<Cfg>(box);
@@ -169,51 +233,135 @@ struct TileTokens {
         constexpr int kEnd = kTo < kRunEnd ? kTo : kRunEnd;
         static_assert((box * kBoxCols - src.smem_col) % (2 * kBoxCols) == 0 && (kEnd - box) % 2 == 0,
                       "an fp8 run's boxes of a group in whole pairs");
-        // a loop, not unrolled: ptxas would hoist every pair's loads to the top, past the
-        // producer's registers
 #pragma unroll 1
-        for (int b = box; b < kEnd; b += 2) dequant_pair<I>(a, sbase, stage, head, p, b);
+        for (int b = box; b < kEnd; b += 2) f(std::integral_constant<int, I>{}, b);
       }
     });
   }
 
-  // Boxes `box` and box + 1 of stage `stage` from fp8 run I: 128 fp8 values a token. Thread p
-  // takes the 16 values of chunk c = p % 8 (bytes 16 c of the pair's 128, one scale group: the
-  // lowering puts groups on multiples of 16) of each of its tokens: all its loads (data and
-  // scale, zero for a token without a slot) are issued first, then each chunk is converted
-  // (core/dequant.cuh) into staged columns 16 c .. 16 c + 15 of the pair: box `box` + c / 4,
-  // 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 of the token's swizzled row. Threads c >= 4 store
-  // their high chunk first, so that a quarter warp's stores (one token) fall on all eight 16-byte
-  // bank groups at once. Then the generic-proxy stores are fenced for wgmma and both FULLs arrived.
+  // The loads of fp8 box pair `box`, box + 1 of run I into stage `stage`, by cp.async: thread p's
+  // chunk c = p % 8 (bytes 16 c of the pair's 128 a token, one scale group: the lowering puts
+  // groups on multiples of 16) of each token it fills (its first kMine) into box + 1 at byte
+  // 128 r + 16 c of the token's row r, the chunk's scale into box at the same place (zeros for a
+  // token without a slot).
   template <int I>
-  __device__ __forceinline__ void dequant_pair(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p, int box) const {
+  __device__ __forceinline__ void load_pair(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p, int box) const {
     using T = HopperTraits<Cfg>;
     constexpr Source src = Cfg::kSources[I];
-    const int first = box * kBoxCols - src.smem_col;  // the pair's first value in the run
     const int c = p % 8;
+    const int first = box * kBoxCols - src.smem_col;  // the pair's first value in the run
     const char* base = run_base<Cfg, I>(a, head) + first + c * 16;
     const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first + c * 16) / src.scale_group - src.scale_first_group) * 4;
-    uint4 raw[kTok];
-    float scale[kTok];
+    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + c * 16;
 #pragma unroll
-    for (int k = 0; k < kTok; ++k) {
-      raw[k] = ldg_stream_16(base, off[k][src.tensor], valid[k]);
-      scale[k] = ldg_f32(scales, off[k][src.scale_tensor], valid[k]);
+    for (int j = 0; j < kMine; ++j) {
+      cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
+      cp_async_4_at(scale_at + row(p, j) * 128, scales, off[j][src.scale_tensor], valid[j]);
     }
-    const uint32_t box0 = T::stage_box(sbase, stage, box + c / 4);
+  }
+
+  // Whether an fp8 box pair starts at box `box`; the pairs in [from, to).
+  __host__ __device__ static constexpr bool pair_starts(int box) {
+    return is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype) &&
+           (box * kBoxCols - Cfg::kSources[box_source<Cfg>(box)].smem_col) % (2 * kBoxCols) == 0;
+  }
+  __host__ __device__ static constexpr int pairs_in(int from, int to) {
+    int n = 0;
+    for (int b = from; b < to; ++b) n += pair_starts(b) ? 1 : 0;
+    return n;
+  }
+
+  // Crossover: this CTA's half of boxes [kFrom, kTo) of stage `stage` into the peer's. The 16-bit
+  // boxes' copies landed, each thread's arrivals on them (thread 0's expecting the peer's half);
+  // every thread's stores fenced for the async proxy, the producer at its barrier; then thread 0,
+  // once the previous group's bulk copies have read their sources, copies each box's half. The
+  // P box (seesaw.cuh: the consumers write P there once S is done) is copied first and arrived
+  // on by thread 0 alone, for the whole producer, once that copy has read it: else P could
+  // overwrite the key the peer is still to receive.
+  template <int kFrom, int kTo>
+  __device__ __forceinline__ void share_group(uint32_t sbase, int stage, int p) const {
+    using T = HopperTraits<Cfg>;
+    constexpr bool kHasP = kFrom <= T::kPBox && T::kPBox < kTo;
+    cp_async_wait<0>();
+    static_for<kTo - kFrom>([&](auto i) {
+      constexpr int box = kFrom + decltype(i)::value;
+      if constexpr (!is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype) && box != T::kPBox) arrive_full(T::full(sbase, stage, box), p);
+    });
+    fence_async_shared();
+    bar_sync(Cfg::kProducerBarrier, kGroupThreads);
+    if (p == 0) {
+      bulk_wait_read<0>();
+      auto share = [&](int box) {
+        const uint32_t half = T::stage_box(sbase, stage, box) + shift * 128;
+        bulk_copy_to_peer(peer + (half - sbase), half, kHalfBoxBytes, peer + (T::full(sbase, stage, box) - sbase));
+      };
+      if constexpr (kHasP) {
+        share(T::kPBox);
+        bulk_commit();
+      }
+      static_for<kTo - kFrom>([&](auto i) {
+        constexpr int box = kFrom + decltype(i)::value;
+        if constexpr (box != T::kPBox) share(box);
+      });
+      bulk_commit();
+      if constexpr (kHasP) {
+        bulk_wait_read<1>();  // the P box's copy (the older group) has read it
+        mbarrier_arrive_expect_tx(T::full(sbase, stage, T::kPBox), kHalfBoxBytes);
+        mbarrier_arrive(T::full(sbase, stage, T::kPBox), kGroupThreads - 1);
+      }
+    }
+  }
+  static constexpr int kHalfBoxBytes = Cfg::kBoxBytes / 2;  // crossover: a CTA's half of a box (32 rows)
+
+  // This thread's arrival on a FULL it filled its part of (crossover: thread 0's also expecting the
+  // half box the peer copies in).
+  __device__ __forceinline__ static void arrive_full(uint32_t bar, int p) {
+    if (Cfg::kCrossover && p == 0) {
+      mbarrier_arrive_expect_tx(bar, kHalfBoxBytes);
+    } else {
+      mbarrier_arrive(bar);
+    }
+  }
+
+  // Boxes `box` and box + 1 of stage `stage` from the raw bytes of fp8 run I in box + 1 and their
+  // scales in box (their loads landed). Thread p takes the 16 values of chunk c = p % 8 (bytes
+  // 16 c of the pair's 128, one scale group: the lowering puts groups on multiples of 16) of each
+  // token it fills (its first kMine): reads them all, then (a token's raw row and scales are read
+  // only by its quarter warp, whose stores overwrite them: __syncwarp between) converts each (core/dequant.cuh) into staged
+  // columns 16 c .. 16 c + 15 of the pair: box `box` + c / 4, 16-byte chunks 2 (c % 4) and
+  // 2 (c % 4) + 1 of the token's swizzled row. Threads c >= 4 store their high chunk first, so
+  // that a quarter warp's stores (one token) fall on all eight 16-byte bank groups at once. The
+  // generic-proxy stores are fenced for wgmma before the arrivals on both FULLs.
+  template <int I>
+  __device__ __forceinline__ void convert_pair(uint32_t sbase, int stage, int p, int box) const {
+    using T = HopperTraits<Cfg>;
+    constexpr Source src = Cfg::kSources[I];
+    const int c = p % 8;
+    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + c * 16;
+    uint4 raw[kMine];
+    float scale[kMine];
+#pragma unroll
+    for (int j = 0; j < kMine; ++j) {
+      raw[j] = lds128(raw_at + row(p, j) * 128);
+      scale[j] = lds32f(scale_at + row(p, j) * 128);
+    }
+    __syncwarp();
+    const uint32_t dst = T::stage_box(sbase, stage, box + c / 4);
     const bool high_first = c >= 4;
 #pragma unroll
-    for (int k = 0; k < kTok; ++k) {
+    for (int j = 0; j < kMine; ++j) {
       uint4 lo, hi;
-      dequant16<src.dtype, Cfg::kElem>(raw[k], scale[k], lo, hi);
-      const int row = p / 8 + 16 * k;
-      const uint32_t at_lo = box0 + sw128(row, 2 * (c % 4)), at_hi = box0 + sw128(row, 2 * (c % 4) + 1);
-      sts128(high_first ? at_hi : at_lo, high_first ? hi : lo);
-      sts128(high_first ? at_lo : at_hi, high_first ? lo : hi);
+      dequant16<src.dtype, Cfg::kElem>(raw[j], scale[j], lo, hi);
+      const int r = row(p, j);
+      const uint32_t at_lo = dst + sw128(r, 2 * (c % 4)), at_hi = dst + sw128(r, 2 * (c % 4) + 1);
+      const uint32_t at_first = high_first ? at_hi : at_lo, at_second = high_first ? at_lo : at_hi;
+      const uint4 v_first = high_first ? hi : lo, v_second = high_first ? lo : hi;
+      sts128(at_first, v_first);
+      sts128(at_second, v_second);
     }
     fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
-    mbarrier_arrive(T::full(sbase, stage, box));
-    mbarrier_arrive(T::full(sbase, stage, box + 1));
+    arrive_full(T::full(sbase, stage, box), p);
+    arrive_full(T::full(sbase, stage, box + 1), p);
   }
 };
 
@@ -263,6 +411,15 @@ struct TmaTile {
   }
 };
 
+// crossover: this CTA's group of a stage is free (the producer's EMPTY wait has returned): thread
+// 0 passes that on to the peer's PEER_FREE `bar`, then every thread waits for its own (the peer's
+// group free), `parity` being the EMPTY wait's: PEER_FREE completes once per use of the stage
+// (its first phase at the first use), EMPTY once per release (its first at the second use).
+__device__ __forceinline__ void peer_free(uint32_t bar, uint32_t sbase, int parity, int p) {
+  if (p == 0) mbarrier_arrive_peer(peer_base(sbase) + (bar - sbase));
+  mbarrier_wait_cluster(bar, parity ^ 1);
+}
+
 // A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the
 // tensor maps): each group of boxes after its EMPTY wait (the release of the stage's previous
 // tile), the flags before the early group (stacked: the only one). Trace events (core/trace.cuh,
@@ -274,11 +431,13 @@ __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, u
   using T = HopperTraits<Cfg>;
   ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
   mbarrier_wait(T::empty_early(sbase, stage), parity);
+  if constexpr (T::kCrossover) peer_free(T::peer_free_early(sbase, stage), sbase, parity, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
   tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
   tile.template copy_boxes<0, T::kEarly>(from, sbase, stage, head, p);
   if constexpr (T::kEarly < T::kBoxes) {
     mbarrier_wait(T::empty_late(sbase, stage), parity);
+    if constexpr (T::kCrossover) peer_free(T::peer_free_late(sbase, stage), sbase, parity, p);
     ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
     tile.template copy_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
   }

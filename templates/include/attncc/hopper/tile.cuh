@@ -12,6 +12,7 @@
 #include "attncc/core/trace.cuh"
 #include "attncc/core/work.cuh"
 #include "attncc/hopper/barrier.cuh"
+#include "attncc/hopper/cluster.cuh"
 #include "attncc/hopper/traits.cuh"
 #include "attncc/hopper/wgmma.cuh"
 
@@ -41,7 +42,11 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbas
   fence();
   static_for<T::kBoxes>([&](auto i) {
     constexpr int box = decltype(i)::value;
-    mbarrier_wait(T::full(sbase, stage, box), parity);
+    if constexpr (T::kCrossover) {
+      mbarrier_wait_cluster(T::full(sbase, stage, box), parity);  // the peer's bulk copies too
+    } else {
+      mbarrier_wait(T::full(sbase, stage, box), parity);
+    }
     fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
 #pragma unroll
     for (int kk = 0; kk < kBoxCols / 16; ++kk) {

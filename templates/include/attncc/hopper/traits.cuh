@@ -124,7 +124,13 @@ struct HopperTraits {
   __device__ static uint32_t max_a(uint32_t base) { return base + kBarOff + 8 * kHandoffs; }
   __device__ static uint32_t p_b(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 1); }
   __device__ static uint32_t p_a(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 2); }
-  static constexpr int kNumBarriers = kHandoffs + 3;
+  // crossover (a 2-CTA cluster, produce.cuh): per stage, PEER_FREE early and late, each
+  // completing when the peer CTA's EMPTY of the same group has (its producer's one arrival)
+  static constexpr bool kCrossover = Cfg::kCrossover;
+  static constexpr int kClusterCtas = kCrossover ? 2 : 1;  // a cluster: the pair of row blocks
+  __device__ static uint32_t peer_free_early(uint32_t base, int stage) { return base + kBarOff + 8 * (kHandoffs + 3 + stage); }
+  __device__ static uint32_t peer_free_late(uint32_t base, int stage) { return base + kBarOff + 8 * (kHandoffs + 3 + kStages + stage); }
+  static constexpr int kNumBarriers = kHandoffs + 3 + (kCrossover ? 2 * kStages : 0);
 
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(Cfg::kTmaRows == 0 || (Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0 && !Cfg::kSparse),
@@ -158,6 +164,14 @@ struct HopperTraits {
                     Cfg::kConsumerRegisters % 8 == 0 && Cfg::kProducerRegisters % 8 == 0 && Cfg::kProducerRegisters >= 24 &&
                     Cfg::kConsumerRegisters <= 256 && Cfg::kRegisters * kThreads <= 65536,
                 "setmaxnreg budgets fit the register file");
+  // crossover: the CTAs of a cluster are row blocks 2i and 2i + 1 of one kv head (the lane's
+  // fastest index, core/work.cuh), which read the same tokens: the pair's rows are one query
+  // token's (rows_total, a multiple of the group, splits into whole pairs), so the two see the
+  // same causal limit, tiles and slots. Each dequantizes half of every tile's fp8 tokens.
+  static_assert(!kCrossover || (has_fp8<Cfg>() && Cfg::kTmaRows == 0 && Cfg::kGroup % (2 * kM) == 0 && kN % 32 == 0 && kSeesaw &&
+                                 !is_fp8(Cfg::kSources[box_source<Cfg>(kPBox)].dtype)),
+                "crossover: fp8 runs by the producer (no TMA), a group of whole pairs of row blocks, the seesaw (a box's "
+                "bulk copy has read it two groups before it is written again) with a 16-bit P box");
   static_assert(Cfg::kBarriers <= 16 && Cfg::kConsumerBarrier >= 1 && Cfg::kProducerBarrier >= 1 &&
                     Cfg::kConsumerBarrier < Cfg::kBarriers && Cfg::kProducerBarrier < Cfg::kBarriers,
                 "named barriers: 1 .. 15");

@@ -1,0 +1,84 @@
+// attncc/hopper/cluster.cuh: a 2-CTA cluster's primitives (PTX ISA 9.7.13.15 mbarrier at
+// .cluster scope, 9.7.9.25 cp.async.bulk, 9.7.9.18 mapa, 9.7.13.1 barrier.cluster), one function
+// per instruction: what the crossover schedule (produce.cuh) shares dequantized tiles with.
+//
+//   the peer's address:   peer_base(sbase) + offset (the same offset in the peer CTA's shared memory)
+//   a copy into the peer:  bulk_copy_to_peer(peer dst, src, bytes, peer FULL): by the bulk-copy
+//                          engine, counted on the peer's barrier as transaction bytes when they
+//                          land
+//   an arrival there:     mbarrier_arrive_peer(peer bar) (release, cluster)
+//   waits that see those: mbarrier_wait_cluster (acquire, cluster)
+//   the whole cluster:    cluster_sync() (every thread of both CTAs; after the barriers' inits,
+//                          and before a CTA exits, so that no CTA leaves while its peer may still
+//                          write to its shared memory or arrive on its barriers)
+#pragma once
+
+#include <cstdint>
+
+namespace attncc {
+namespace hopper {
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ int cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return static_cast<int>(r);
+}
+
+// The shared::cluster address of the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+
+// The peer's (the other CTA of a 2-CTA cluster) shared::cluster address of this CTA's
+// shared-memory base `sbase`: an offset from it addresses the same place in the peer.
+__device__ __forceinline__ uint32_t peer_base(uint32_t sbase) { return cluster_address(sbase, cluster_rank() ^ 1); }
+
+// `bytes` (a multiple of 16) of this CTA's shared memory at `src` into the peer's at `dst` (a
+// shared::cluster address), by the bulk-copy engine, counted as transaction bytes on the peer's
+// mbarrier `bar` when they land. The source must not change until the copy has read it
+// (bulk_wait_read, after bulk_commit).
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t dst, uint32_t src, int bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "r"(src),
+               "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most kPending of this thread's committed bulk groups have not yet read their sources.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Until at most kPending of them are not complete.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// An arrival on a barrier of the peer CTA (a shared::cluster address), releasing this thread's
+// prior accesses at cluster scope.
+__device__ __forceinline__ void mbarrier_arrive_peer(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Spin until phase `parity` of a barrier of this CTA has completed, acquiring at cluster scope
+// what the peer released into it (its bulk copies' bytes, its arrivals).
+__device__ __forceinline__ void mbarrier_wait_cluster(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Every thread of the cluster arrives (release) and waits for all the others (acquire).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+}  // namespace hopper
+}  // namespace attncc
