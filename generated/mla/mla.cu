@@ -52,6 +52,7 @@ struct Config {
   static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kSeesaw = true;  // `seesaw`
+  static constexpr bool kCrossover = false;  // no fp8 run to share
   static constexpr int kConsumerRegisters = 216;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
@@ -116,7 +117,24 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   err = attncc::hopper::encode_tma_maps<Config>(maps, a);
   if (err != cudaSuccess) return err;
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
-  kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a, maps);
-  err = cudaGetLastError();
+  if constexpr (Traits::kClusterCtas > 1) {  // crossover: clusters of row-block pairs (lanes come in pairs)
+    if (ctas % Traits::kClusterCtas != 0) return cudaErrorInvalidConfiguration;
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = Traits::kClusterCtas;
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(ctas);
+    config.blockDim = dim3(Decode::kThreads);
+    config.dynamicSmemBytes = Decode::kSmemBytes;
+    config.stream = stream;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+    err = cudaLaunchKernelEx(&config, kernel, a, maps);
+  } else {
+    kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a, maps);
+    err = cudaGetLastError();
+  }
   return err != cudaSuccess ? err : Combine::launch(a, stream);
 }

@@ -47,11 +47,12 @@ struct Config {
   static constexpr int kTileN = 64;  // 64 tokens: a P tile is one box
   static constexpr int kStages = 2;  // 1 set of a pair's 2 stages: a second set (4 x 73728 B) does not fit
   static constexpr int kThreads = 384;  // a producer warp group and two consumer warp groups
-  static constexpr int kSmemBytes = 223104;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
+  static constexpr int kSmemBytes = 223136;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
   static constexpr int kRegisters = 168;  // launch bounds (384 threads, 1 CTA): 168, then setmaxnreg
   static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kSeesaw = true;  // chosen: a 512-wide value splits into two 256-column halves, one per consumer warp group
+  static constexpr bool kCrossover = true;  // `crossover`: clusters of two CTAs (row blocks 2i, 2i + 1 of a kv head, one query token's rows), each producer converting half of every tile's fp8 tokens and copying it into the peer's stage (DSMEM)
   static constexpr int kConsumerRegisters = 216;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
   static constexpr int kTmaRows = 0;  // cp.async: sparse top-k, a tile's tokens are wherever its indices say
@@ -66,12 +67,12 @@ struct Config {
   static constexpr int kQOff = 0;
   static constexpr int kKVOff = 73728;
   static constexpr int kBarOff = 221184;
-  static constexpr int kFlagsOff = 221408;
+  static constexpr int kFlagsOff = 221440;
   static constexpr int kFlagsPitch = 80;
-  static constexpr int kRowsOff = 221568;
-  static constexpr int kWorkOff = 222848;
-  static constexpr int kWalkCOff = 222912;
-  static constexpr int kWalkPOff = 222976;
+  static constexpr int kRowsOff = 221600;
+  static constexpr int kWorkOff = 222880;
+  static constexpr int kWalkCOff = 222944;
+  static constexpr int kWalkPOff = 223008;
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kProducerBarrier = 2;
   static constexpr int kBarriers = 3;
@@ -116,7 +117,24 @@ extern "C" int attncc_launch(const AttnccArgs* args) {
   err = attncc::hopper::encode_tma_maps<Config>(maps, a);
   if (err != cudaSuccess) return err;
   const unsigned ctas = static_cast<unsigned>(Decode::ctas(a));
-  kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a, maps);
-  err = cudaGetLastError();
+  if constexpr (Traits::kClusterCtas > 1) {  // crossover: clusters of row-block pairs (lanes come in pairs)
+    if (ctas % Traits::kClusterCtas != 0) return cudaErrorInvalidConfiguration;
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = Traits::kClusterCtas;
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(ctas);
+    config.blockDim = dim3(Decode::kThreads);
+    config.dynamicSmemBytes = Decode::kSmemBytes;
+    config.stream = stream;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+    err = cudaLaunchKernelEx(&config, kernel, a, maps);
+  } else {
+    kernel<<<ctas, Decode::kThreads, Decode::kSmemBytes, stream>>>(a, maps);
+    err = cudaGetLastError();
+  }
   return err != cudaSuccess ? err : Combine::launch(a, stream);
 }
