@@ -15,9 +15,10 @@
 // a slot (past the CTA's view, a bad page number, a sparse -1 or out-of-range index) is
 // zero-filled and flagged for the consumers. A sparse plan's slots are its query token's indices
 // (paging.cuh), read the same way.
-// fp8 runs (no TMA): the same threads and tokens, a box pair (128 values a token) at a time,
-// loaded into registers, dequantized (core/dequant.cuh) and stored into the boxes: see
-// TileTokens::load_unit / store_unit. The conversion is the producer's own work, pipelined against the consumers'
+// fp8 runs (no TMA): the same threads and tokens; every box pair (128 values a token) of a group
+// of boxes, raw bytes and scales, by cp.async into the stage itself, one wait a group, then each
+// pair dequantized (core/dequant.cuh) in place: see TileTokens::copy_boxes, load_pair and
+// convert_pair. The conversion is the producer's own work, pipelined against the consumers'
 // products by the stages.
 //
 // crossover (kCrossover: a 2-CTA cluster, cluster.cuh): the CTAs of a cluster take row blocks
@@ -150,9 +151,10 @@ struct TileTokens {
   }
 
   // fp8 runs: the 128-byte lines of each run of token j (< kMine) into L2 (thread p takes line p % 8
-  // of every 8), as soon as its slot is known and before the producer waits for the stage, so that the box
-  // pairs' register loads (load_unit), one pair after another, wait for L2 rather than for
-  // HBM: the whole tile is in flight at once. (H200, same-process A/B, outputs bitwise equal: fp8
+  // of every 8), as soon as its slot is known and before the producer waits for the stage, so that the
+  // copies of the box pairs (load_pair, after the wait) find them in L2 rather than HBM: the
+  // whole tile is in flight at once. (Measured with the pairs loaded into registers one after
+  // another; H200, same-process A/B, outputs bitwise equal: fp8
   // MLA h_q 128 b=128 s_k 8192 0.953 of the time without at s_q 2, 0.952 at s_q 1; the sparse
   // example 0.963 / 0.966; one bulk prefetch a token, cp.async.bulk.prefetch.L2, 0.997; bench/
   // RESULTS.md, session 18.)
