@@ -28,17 +28,19 @@ a kv head's 64 heads). Where a CTA holds 64 rows or fewer (s_q 1), the groups ta
 and alternate tiles, and merge (O, m, l) at the end; `seesaw` keeps the seesaw.
 
 Sparse top-k plans read each tile's slots from the query token's indices; fp8 runs are
-dequantized by the producer warp group itself (loads into registers, core/dequant.cuh's exact
-conversion, stores into the swizzled boxes), box pair by box pair; both go by cp.async, not TMA.
+dequantized by the producer warp group itself (the raw bytes and scales of a group of box pairs
+by cp.async into the stage, then core/dequant.cuh's exact conversion in place, into the
+swizzled boxes); both go by cp.async, not TMA.
 `crossover` runs the CTAs in clusters of two, row blocks 2i and 2i + 1 of a kv head, which read
 the same tokens: each producer converts half of every tile's fp8 tokens and copies its half of
 each box into the peer's stage (distributed shared memory, a bulk copy a box), so each value is
 converted once per cluster (hopper/cluster.cuh, produce.cuh). Applied where written, never
 chosen: on the H200 it has measured slower than each CTA converting its own tiles (the
 producer waits for memory once a group of boxes whatever it converts, and the pair's coupling
-costs more than the halved conversion saves: bench/RESULTS.md, session 19). It needs fp8 runs, the seesaw's 64-row CTAs and a
-group of a multiple of 128 query heads (a pair of row blocks is then one query token's: the
-same causal limit); a knob it cannot apply is a positioned error. What the family does not
+costs more than the halved conversion saves: bench/RESULTS.md, session 19). It needs fp8
+runs, the seesaw's 64-row CTAs and a group of a multiple of 128 query heads (a pair of row
+blocks is then one query token's: the same causal limit); a knob it cannot apply is a
+positioned error. What the family does not
 (yet) run it refuses, and the lowering falls back to mma_sync."""
 from __future__ import annotations
 
@@ -208,8 +210,8 @@ class HopperFamily(Family):
         if spec.sparse:
             return 0, "cp.async: sparse top-k, a tile's tokens are wherever its indices say"
         if layout.fp8:
-            return 0, ("cp.async and registers: fp8 runs are dequantized by the producer (loads into "
-                       "registers, converted, stored), 16-bit runs copied beside them")
+            return 0, ("cp.async: fp8 runs are dequantized by the producer (raw bytes and scales "
+                       "copied into the stage, converted in place), 16-bit runs copied beside them")
         if spec.page_size % TILE_N:
             return 0, (f"cp.async: page {spec.page_size} splits a tile's {TILE_N} tokens over "
                        "pages (TMA copies of the runs measured slower)")
@@ -311,7 +313,7 @@ class HopperFamily(Family):
              "spills (ptxas)" + ("" if seesaw else "; 216 leaves the fp8 producer 72" if layout.fp8
                                  else "; the split mode's merge: 216 spilled")),
             ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
-             else "the fp8 loads of a box pair (4 tokens) and their conversion: 56 spilled (ptxas)" if layout.fp8
+             else "the fp8 conversion of a box pair (4 tokens): 56 spilled with its loads in registers (ptxas, session 18)" if layout.fp8
              else "what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)"),
             ("tma_rows", tma_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else

@@ -62,25 +62,6 @@
 namespace attncc {
 namespace hopper {
 
-// 16 bytes of the streamed cache at base + off into registers (non-coherent, not kept in L1),
-// zero when !valid (nothing is read).
-__device__ __forceinline__ uint4 ldg_stream_16(const char* base, long long off, bool valid) {
-  uint4 v;
-  asm volatile("{\n.reg .pred p;\n.reg .u64 a;\nsetp.ne.b32 p, %4, 0;\nadd.s64 a, %5, %6;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\n"
-      "mov.b32 %2, 0;\nmov.b32 %3, 0;\n@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [a];\n}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "r"(static_cast<int>(valid)), "l"(base), "l"(off));
-  return v;
-}
-// An fp32 (a scale) at base + off, 0 when !valid.
-__device__ __forceinline__ float ldg_f32(const char* base, long long off, bool valid) {
-  float v;
-  asm volatile("{\n.reg .pred p;\n.reg .u64 a;\nsetp.ne.b32 p, %1, 0;\nadd.s64 a, %2, %3;\nmov.b32 %0, 0;\n@p ld.global.nc.f32 %0, [a];\n}\n"
-      : "=f"(v)
-      : "r"(static_cast<int>(valid)), "l"(base), "l"(off));
-  return v;
-}
-
 // The 128-byte line at base + off into L2 (the sum formed in the instruction's own register, as
 // cp_async_16_at's).
 __device__ __forceinline__ void prefetch_l2_at(const char* base, long long off) {
@@ -150,14 +131,13 @@ struct TileTokens {
     }
   }
 
-  // fp8 runs: the 128-byte lines of each run of token j (< kMine) into L2 (thread p takes line p % 8
-  // of every 8), as soon as its slot is known and before the producer waits for the stage, so that the
-  // copies of the box pairs (load_pair, after the wait) find them in L2 rather than HBM: the
-  // whole tile is in flight at once. (Measured with the pairs loaded into registers one after
-  // another; H200, same-process A/B, outputs bitwise equal: fp8
-  // MLA h_q 128 b=128 s_k 8192 0.953 of the time without at s_q 2, 0.952 at s_q 1; the sparse
-  // example 0.963 / 0.966; one bulk prefetch a token, cp.async.bulk.prefetch.L2, 0.997; bench/
-  // RESULTS.md, session 18.)
+  // fp8 runs: the 128-byte lines of each run of token j (< kMine) into L2 (thread p takes line
+  // p % 8 of every 8), as soon as its slot is known and before the producer waits for the stage,
+  // so that the copies of the box pairs (load_pair, after the wait) find them in L2 rather than
+  // HBM: the whole tile is in flight at once. (Measured with the pairs loaded into registers one
+  // after another; H200, same-process A/B, outputs bitwise equal: fp8 MLA h_q 128 b=128 s_k 8192
+  // 0.953 of the time without at s_q 2, 0.952 at s_q 1; the sparse example 0.963 / 0.966; one
+  // bulk prefetch a token, cp.async.bulk.prefetch.L2, 0.997; bench/RESULTS.md, session 18.)
   __device__ __forceinline__ void prefetch_fp8(const AttnccArgs& a, int head, int p, int j) const {
     static_for<Cfg::kNumSources>([&](auto si) {
       constexpr int I = decltype(si)::value;
@@ -193,12 +173,11 @@ struct TileTokens {
   // (128 values a token): the raw bytes of every pair of the group by cp.async into the pair's
   // second box (token row r's 128 bytes at byte 128 r) and their scales into its first (thread
   // p's at byte 128 r + 16 (p % 8)), so that the group's loads wait for memory once and hold no
-  // registers; then each pair converted in place (convert_pair). Crossover: the same for this CTA's half of the tokens, then the group's
-  // halves shared with the peer (share_group).
+  // registers; then each pair converted in place (convert_pair). Crossover: the same for this
+  // CTA's half of the tokens, then the group's halves shared with the peer (share_group).
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
     using T = HopperTraits<Cfg>;
-    constexpr int kPairs = pairs_in(kFrom, kTo);
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr int I = box_source<Cfg>(box);
@@ -211,7 +190,7 @@ struct TileTokens {
         if constexpr (!Cfg::kCrossover) cp_async_arrive(T::full(sbase, stage, box));
       }
     });
-    if constexpr (kPairs > 0) {
+    if constexpr (has_fp8_box(kFrom, kTo)) {
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { load_pair<decltype(run)::value>(a, sbase, stage, head, p, b); });
       cp_async_commit();
       cp_async_wait<0>();  // this thread's raw chunks and scales (it alone reads them)
@@ -262,15 +241,11 @@ struct TileTokens {
     }
   }
 
-  // Whether an fp8 box pair starts at box `box`; the pairs in [from, to).
-  __host__ __device__ static constexpr bool pair_starts(int box) {
-    return is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype) &&
-           (box * kBoxCols - Cfg::kSources[box_source<Cfg>(box)].smem_col) % (2 * kBoxCols) == 0;
-  }
-  __host__ __device__ static constexpr int pairs_in(int from, int to) {
-    int n = 0;
-    for (int b = from; b < to; ++b) n += pair_starts(b) ? 1 : 0;
-    return n;
+  // Whether an fp8 run fills one of boxes [from, to).
+  __host__ __device__ static constexpr bool has_fp8_box(int from, int to) {
+    for (int b = from; b < to; ++b)
+      if (is_fp8(Cfg::kSources[box_source<Cfg>(b)].dtype)) return true;
+    return false;
   }
 
   // Crossover: this CTA's half of boxes [kFrom, kTo) of stage `stage` into the peer's. The 16-bit
@@ -329,9 +304,9 @@ struct TileTokens {
   // scales in box (their loads landed). Thread p takes the 16 values of chunk c = p % 8 (bytes
   // 16 c of the pair's 128, one scale group: the lowering puts groups on multiples of 16) of each
   // token it fills (its first kMine): reads them all, then (a token's raw row and scales are read
-  // only by its quarter warp, whose stores overwrite them: __syncwarp between) converts each (core/dequant.cuh) into staged
-  // columns 16 c .. 16 c + 15 of the pair: box `box` + c / 4, 16-byte chunks 2 (c % 4) and
-  // 2 (c % 4) + 1 of the token's swizzled row. Threads c >= 4 store their high chunk first, so
+  // only by its quarter warp, whose stores overwrite them: __syncwarp between) converts each
+  // (core/dequant.cuh) into staged columns 16 c .. 16 c + 15 of the pair: box `box` + c / 4,
+  // 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 of the token's swizzled row. Threads c >= 4 store their high chunk first, so
   // that a quarter warp's stores (one token) fall on all eight 16-byte bank groups at once. The
   // generic-proxy stores are fenced for wgmma before the arrivals on both FULLs.
   template <int I>
