@@ -1,8 +1,8 @@
 """The host's side of templates/include/attncc/abi.h: the ctypes mirror of AttnccArgs and
 the loader of a built library, which refuses a library built for another ABI.
 
-abi.h is the one definition of the ABI version and the cache-tensor limit: both are read
-from it here. The struct's fields are mirrored by hand; the loader compares its size with
+abi.h is the one definition of the ABI version, the cache-tensor and segment limits and the
+flag bits: they are read from it here. The struct's fields are mirrored by hand; the loader compares its size with
 the library's sizeof(AttnccArgs), and a CPU test compares every field's offset with a C
 compiler's."""
 from __future__ import annotations
@@ -28,7 +28,9 @@ def header_define(name: str) -> int:
 
 ABI_VERSION = header_define("ATTNCC_ABI_VERSION")
 MAX_TENSORS = header_define("ATTNCC_MAX_TENSORS")
+MAX_SEGMENTS = header_define("ATTNCC_MAX_SEGMENTS")
 # the bits a kernel ORs into AttnccArgs.flags for a bad value (devicecheck.py names them)
+FLAG_SLOT = header_define("ATTNCC_FLAG_SLOT")
 FLAG_PAGE = header_define("ATTNCC_FLAG_PAGE")
 FLAG_SEQLEN = header_define("ATTNCC_FLAG_SEQLEN")
 FLAG_INDEX = header_define("ATTNCC_FLAG_INDEX")
@@ -51,12 +53,33 @@ class AttnccArgs(ctypes.Structure):
     ]
 
 
+class AttnccWriteArgs(ctypes.Structure):
+    """Mirror of abi.h's AttnccWriteArgs, field for field."""
+
+    _fields_ = [
+        ("tensors", ctypes.c_void_p * MAX_TENSORS),
+        ("page_stride", ctypes.c_int * MAX_TENSORS), ("token_stride", ctypes.c_int * MAX_TENSORS),
+        ("head_stride", ctypes.c_int * MAX_TENSORS), ("num_pages", ctypes.c_int),
+        ("slots", ctypes.c_void_p), ("slots_are_64bit", ctypes.c_int), ("n", ctypes.c_int),
+        ("values", ctypes.c_void_p * MAX_SEGMENTS), ("value_dtype", ctypes.c_int * MAX_SEGMENTS),
+        ("value_token_stride", ctypes.c_longlong * MAX_SEGMENTS),
+        ("value_head_stride", ctypes.c_longlong * MAX_SEGMENTS),
+        ("flags", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+    ]
+
+
+# AttnccWriteArgs.value_dtype of a values tensor, by torch dtype name
+VALUE_DTYPES = {"float32": header_define("ATTNCC_VALUES_F32"), "bfloat16": header_define("ATTNCC_VALUES_BF16"),
+                "float16": header_define("ATTNCC_VALUES_F16")}
+
+
 class AbiMismatch(RuntimeError):
     """A library built for another ABI than this attncc's."""
 
 
 class Library:
-    """A loaded kernel library (C ABI): attncc_launch(const AttnccArgs*) -> cudaError_t."""
+    """A loaded kernel library (C ABI): attncc_launch(const AttnccArgs*) and
+    attncc_write_cache(const AttnccWriteArgs*) -> cudaError_t."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -64,6 +87,8 @@ class Library:
         check_abi(self.dll, self.path)
         self.dll.attncc_launch.argtypes = [ctypes.POINTER(AttnccArgs)]
         self.dll.attncc_launch.restype = ctypes.c_int
+        self.dll.attncc_write_cache.argtypes = [ctypes.POINTER(AttnccWriteArgs)]
+        self.dll.attncc_write_cache.restype = ctypes.c_int
         self._ctas_per_sm = None
 
     def ctas_per_sm(self) -> int:
@@ -77,6 +102,11 @@ class Library:
         if status != 0:
             self.fail(status)
 
+    def write_cache(self, args: AttnccWriteArgs) -> None:
+        status = self.dll.attncc_write_cache(ctypes.byref(args))
+        if status != 0:
+            self.fail(status)
+
     def fail(self, status: int) -> None:
         """Raise the error of a launch that returned `status` (a cudaError_t)."""
         raise RuntimeError(f"attncc kernel launch failed: CUDA error {status} "
@@ -84,7 +114,7 @@ class Library:
 
 
 def check_abi(dll, path) -> None:
-    """Refuse a library whose ABI version or AttnccArgs size is not this attncc's."""
+    """Refuse a library whose ABI version, AttnccArgs or AttnccWriteArgs size is not this attncc's."""
     try:
         version, size = dll.attncc_abi_version(), dll.attncc_args_size()
     except AttributeError:
@@ -95,6 +125,13 @@ def check_abi(dll, path) -> None:
         raise AbiMismatch(f"{path} was built for attncc ABI version {version} (AttnccArgs of "
                           f"{size} bytes); this attncc speaks version {ABI_VERSION} "
                           f"({ctypes.sizeof(AttnccArgs)} bytes): rebuild the library")
+    if not hasattr(dll, "attncc_write_args_size"):
+        raise AbiMismatch(f"{path} exports no attncc_write_args_size (ABI version {ABI_VERSION} has "
+                          "write_cache's kernel): rebuild the library")
+    write_size = dll.attncc_write_args_size()
+    if write_size != ctypes.sizeof(AttnccWriteArgs):
+        raise AbiMismatch(f"{path} was built with an AttnccWriteArgs of {write_size} bytes; this attncc's "
+                          f"is {ctypes.sizeof(AttnccWriteArgs)} bytes: rebuild the library")
 
 
 def cuda_error_name(status: int) -> str:

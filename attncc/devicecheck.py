@@ -11,10 +11,9 @@ import torch
 
 from . import abi
 
-# bit -> (argument, what was wrong); the lowest set bit is reported first. Bit 1 is set by
-# write_cache (torch ops), the others by the kernels (abi.h's ATTNCC_FLAG_*).
+# bit -> (argument, what was wrong; abi.h's ATTNCC_FLAG_*); the lowest set bit is reported first
 PROBLEMS = {
-    1: ("slots", "write_cache got a slot outside [0, num_pages * page size) that is not -1; "
+    abi.FLAG_SLOT: ("slots", "write_cache got a slot outside [0, num_pages * page size) that is not -1; "
                  "that token was not written"),
     abi.FLAG_PAGE: ("block_table", "a page number outside [0, num_pages) where the sequence has "
                                    "tokens; those tokens were left out of the attention"),

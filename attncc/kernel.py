@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import devicecheck, reference, storage, validate
+from . import abi, devicecheck, reference, storage, validate
 from .errors import SpecError
 from .explain import explain
 from .ir import Spec
@@ -85,16 +85,25 @@ class Kernel:
         """Write each token's record at `slots` (page * P + offset); each segment is
         [n, kv_heads, dim] ([n, dim] if shared); fp8 segments are quantized per group.
         A slot of -1 is skipped. No host sync on the device (a slot out of range is skipped
-        and flagged for k.check()); on CPU, or with ATTNCC_CHECK=1, it raises at once.
+        and flagged for k.check()); on CPU, or with ATTNCC_CHECK=1, it raises at once. On the
+        device it is one kernel (the spec's library, built on first use). Two entries with one
+        slot store one of them or a mix of both.
         cache and slots are positional: a segment may be named `cache`, `slots` or `self`."""
         num_slots = validate.write_arguments(self.spec, cache, slots, segments)
         if slots.device.type == "cpu" or devicecheck.synchronous():
             validate.slot_values(slots, num_slots)
+        from .ops import writes_on_device
+
+        if slots.device.type == "cuda" and self._op is not None and not torch.compiler.is_compiling() \
+                and writes_on_device(self.spec, segments):
+            self._op.write_cache(cache, slots, segments)  # one kernel (core/write.cuh)
+            return
+        # torch ops: CPU tensors, a spec the CUDA path cannot take, torch.compile tracing it
         values = {name: t if not self.spec.segment(name).shared else t[:, None]
                   for name, t in segments.items()}
         written = storage.write(self.spec, cache, slots, values)
         if slots.device.type != "cpu" and slots.numel():
-            self._flags.record((~written & (slots != -1)).any(), 1)
+            self._flags.record((~written & (slots != -1)).any(), abi.FLAG_SLOT)
 
     def check(self) -> None:
         """Raise (ValueError naming the argument) the first bad value a call on the device

@@ -1,7 +1,8 @@
-"""The record layout as kernels read it, from the checked IR alone (no kernel family's
-choices): which cache tensors there are, which runs of which segments a kernel stages (each
-cache element once, in record order, into one 16-bit row per token), where the key and the
-value sit in that row, and the raw row an fp8 record is copied into before dequantization."""
+"""The record layout as kernels read and write it, from the checked IR alone (no kernel
+family's choices): which cache tensors there are, which runs of which segments a kernel stages
+(each cache element once, in record order, into one 16-bit row per token), where the key and the
+value sit in that row, the raw row an fp8 record is copied into before dequantization, and
+where write_cache's kernel stores each segment (and its scales)."""
 from __future__ import annotations
 
 import bisect
@@ -55,6 +56,28 @@ class SourcePlan:
 
 
 @dataclass(frozen=True)
+class StorePlan:
+    """Where write_cache stores segment `segment` (spec order): copy j (kv head j; one copy
+    when shared) of a token's values at tensors[tensor] + (token offset) + offset_bytes +
+    j * head stride, `dim` values of `dtype`; an fp8 segment's fp32 scales (one per
+    scale_group values) at tensors[scale_tensor] + (token offset) + scale_offset_bytes +
+    j * (its head stride). A head stride is the view's where the tensor has a head axis,
+    else head_stride_bytes (a place in the record)."""
+
+    segment: str
+    tensor: int
+    offset_bytes: int
+    head_stride_bytes: int
+    copies: int
+    dim: int
+    dtype: str
+    scale_group: int         # 0: a 16-bit segment, no scales
+    scale_tensor: int        # -1: none
+    scale_offset_bytes: int
+    scale_head_stride_bytes: int
+
+
+@dataclass(frozen=True)
 class Layout:
     tensors: tuple[TensorPlan, ...]
     sources: tuple[SourcePlan, ...]
@@ -63,6 +86,7 @@ class Layout:
     value_runs: tuple[tuple[int, int], ...]
     raw_pitch: int  # bytes of one token's raw row: each run then its scales, 16-byte padded
     fp8: bool       # some run is fp8: kernels stage the record raw, then dequantize
+    stores: tuple[StorePlan, ...]  # every segment, whole, as write_cache stores it
 
 
 def pad16(n: int) -> int:
@@ -130,6 +154,21 @@ def _sources(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[SourcePlan, .
     return tuple(sources)
 
 
+def _stores(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[StorePlan, ...]:
+    index = {t.name: i for i, t in enumerate(tensors)}
+    stores = []
+    for seg in spec.segments:
+        if spec.separate:  # a per-head tensor's head stride is the view's (head axis)
+            place = (index[seg.name], 0, 0)
+            scale = (index[seg.scale_tensor], 0, 0) if seg.scale_group else (-1, 0, 0)
+        else:
+            place = (0, seg.offset, seg.head_stride)
+            scale = (0, seg.offset + seg.values_bytes, seg.head_stride) if seg.scale_group else (-1, 0, 0)
+        stores.append(StorePlan(seg.name, *place, seg.copies, seg.dim, seg.dtype.name,
+                                seg.scale_group, *scale))
+    return tuple(stores)
+
+
 def _runs(pieces, sources) -> tuple[tuple[int, int], ...]:
     """Key or value as runs of staged columns; adjacent runs merged. Linear in the pieces
     (each found among its segment's sources by bisection)."""
@@ -156,4 +195,5 @@ def layout(spec: Spec) -> Layout:
     raw_pitch = last.raw_scale_offset + (pad16(last.scale.count * SCALE_BYTES) if last.scale else 0)
     return Layout(tensors=tensors, sources=sources, staged_width=sum(s.width for s in sources),
                   key_runs=_runs(spec.key, sources), value_runs=_runs(spec.value, sources),
-                  raw_pitch=raw_pitch, fp8=any(DTYPES[s.dtype].is_fp8 for s in sources))
+                  raw_pitch=raw_pitch, fp8=any(DTYPES[s.dtype].is_fp8 for s in sources),
+                  stores=_stores(spec, tensors))

@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import devicecheck, launcher, reference, split, storage, validate
-from .abi import AttnccArgs, Library
+from .abi import MAX_SEGMENTS, VALUE_DTYPES, AttnccArgs, AttnccWriteArgs, Library
 from .cache import build
 from .ir import Spec
 from .lower import Plan
@@ -148,6 +148,55 @@ def cuda_forward(spec: Spec, plan: Plan, library: Library, q, cache, block_table
     return out, lse
 
 
+def writes_on_device(spec: Spec, values: dict[str, torch.Tensor]) -> bool:
+    """Whether write_cache's kernel takes these values: at most MAX_SEGMENTS segments (abi.h), each
+    in fp32, bf16 or fp16 (another dtype is written by torch ops, which round it as the contract does)."""
+    return len(spec.segments) <= MAX_SEGMENTS and all(str(t.dtype).removeprefix("torch.") in VALUE_DTYPES
+                                                       for t in values.values())
+
+
+def pack_write(spec: Spec, plan: Plan, cache, slots, values: dict[str, torch.Tensor], flags):
+    """write_cache's AttnccWriteArgs but its stream, and the tensors they point into (kept alive
+    by the caller until the launch is enqueued). Arguments checked by the caller (validate.py),
+    values as writes_on_device takes them: [n, copies, dim], or [n, dim] for a shared segment."""
+    views = [_cache_view(spec, plan, i, t) for i, t in enumerate(cache_list(spec, cache))]
+    if slots.dtype not in (torch.int32, torch.int64):
+        slots = slots.long()
+    slots = slots.contiguous()
+    args = AttnccWriteArgs()
+    for i, t in enumerate(views):
+        args.tensors[i] = t.data_ptr()
+        args.page_stride[i], args.token_stride[i], args.head_stride[i] = \
+            _strides(t, plan.layout.tensors[i].head_axis)
+    args.num_pages = views[0].shape[0]
+    args.slots, args.slots_are_64bit, args.n = slots.data_ptr(), int(slots.dtype == torch.int64), slots.shape[0]
+    keep = [slots]
+    for i, seg in enumerate(spec.segments):
+        t = values[seg.name]
+        if t.stride(-1) != 1:
+            t = t.contiguous()
+        keep.append(t)
+        args.values[i] = t.data_ptr()
+        args.value_dtype[i] = VALUE_DTYPES[str(t.dtype).removeprefix("torch.")]
+        args.value_token_stride[i] = t.stride(0)
+        args.value_head_stride[i] = 0 if seg.shared else t.stride(1)
+    args.flags = _ptr(flags)
+    return args, keep
+
+
+def cuda_write_cache(spec: Spec, plan: Plan, library: Library, cache, slots, values: dict[str, torch.Tensor],
+                     flags) -> None:
+    """write_cache in one kernel (core/write.cuh) on the current stream: no host sync."""
+    args, keep = pack_write(spec, plan, cache, slots, values, flags)
+    args.stream = torch.cuda.current_stream(slots.device).cuda_stream
+    if slots.device.index == torch.cuda.current_device():
+        library.write_cache(args)
+    else:
+        with torch.cuda.device(slots.device):
+            library.write_cache(args)
+    del keep
+
+
 def _schedule(plan: Plan, library: Library, batch: int, s_q: int, block_table, requested: int,
               device_index: int) -> tuple[int, int]:
     """(num_splits, num_parts) of a launch, from shapes alone (no host sync, CUDA-graph safe).
@@ -247,6 +296,9 @@ def op_for(spec: Spec, plan: Plan, tag: str = ""):
     attention.flags = flags      # the Kernel's k.check() reads them
     attention.launch = launch    # the Kernel's eager calls on plain CUDA tensors
     attention.fast = fast        # ... through the compiled launcher, where there is one
+    # write_cache's kernel (Kernel.write_cache, where ops.writes_on_device takes the values)
+    attention.write_cache = lambda cache, slots, values: cuda_write_cache(spec, plan, library(), cache, slots, values,
+                                                                          flags.word(slots.device))
     _OPS[qualname] = attention
     return attention
 

@@ -6,7 +6,7 @@
 For each tool, one process under `compute-sanitizer --tool T` (only attncc's kernels are
 instrumented) runs every spec on a few small cases: split mode and part mode, lengths
 0, 1, P, P + 1 and a few tiles, every s_q, NaN in the unused pages, each checked against the
-reference. Prints one line per tool with the sanitizer's summary, and exits non-zero if any
+reference, and write_cache's kernel on a few tokens. Prints one line per tool with the sanitizer's summary, and exits non-zero if any
 tool reports an error or hazard, or a case is wrong. Keep it for every kernel change.
 The libraries are built (outside the sanitizer) first. initcheck, with its host-API checks on,
 did not finish GLA-2's 6 cases in 100 s (racecheck runs all 21 specs in 56 s) and reported only
@@ -94,8 +94,42 @@ def worker(names, quick: bool = False, host_init: bool = False) -> int:
                 if not result.ok:
                     failed += 1
                     print(f"WRONG {name} s_q={s_q} splits={splits}: {result}", flush=True)
+        failed += _write_case(name, k, host_init)
         print(f"case {name}: done in {time.perf_counter() - start:.1f} s", flush=True)
     return 1 if failed else 0
+
+
+def _write_case(name, k, host_init: bool) -> int:
+    """write_cache's kernel on a few tokens, padding and an out-of-range slot among them, against
+    the contract's bytes (storage.write on CPU); 1 if they differ."""
+    import torch
+
+    from attncc import storage
+
+    spec, P = k.spec, k.spec.page_size
+    cache = k.new_cache(3)
+    slots = torch.tensor([0, -1, 3 * P - 1, 3 * P, P], device="cuda")  # distinct at any P
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    values = {s.name: torch.randn(5, *(() if s.shared else (spec.heads_kv,)), s.dim, device="cuda", generator=gen)
+              for s in spec.segments}
+    if host_init:
+        _rewrite_by_copy(*storage.cache_tensors(cache).values(), slots, *values.values())
+    keep = ((slots >= 0) & (slots < 3 * P)).cpu()
+    want = {n: t.cpu().clone() for n, t in storage.cache_tensors(cache).items()}
+    storage.write(spec, want if spec.separate else want[storage.PACKED_NAME], slots.cpu()[keep],
+                  {n: (v if not spec.segment(n).shared else v[:, None]).cpu()[keep] for n, v in values.items()})
+    k.write_cache(cache, slots, **values)
+    torch.cuda.synchronize()
+    try:
+        k.check()
+        flagged = False
+    except ValueError:
+        flagged = True
+    got = storage.cache_tensors(cache)
+    if not flagged or any(not torch.equal(got[n].cpu().view(torch.uint8), w.view(torch.uint8)) for n, w in want.items()):
+        print(f"WRONG {name} write_cache (flagged: {flagged})", flush=True)
+        return 1
+    return 0
 
 
 def build(names) -> None:

@@ -54,6 +54,23 @@ def test_ctypes_mirror_matches_the_c_layout(tmp_path):
     assert int(c["ABI_VERSION"]) == abi.ABI_VERSION and int(c["MAX_TENSORS"]) == abi.MAX_TENSORS
 
 
+@needs_cc
+def test_ctypes_mirror_of_the_write_arguments_matches_the_c_layout(tmp_path):
+    names = [name for name, _ in abi.AttnccWriteArgs._fields_]
+    body = "\n".join(f'  printf("{n} %zu\\n", offsetof(AttnccWriteArgs, {n}));' for n in names)
+    body += '\n  printf("sizeof %zu\\n", sizeof(AttnccWriteArgs));'
+    body += '\n  printf("MAX_SEGMENTS %d\\n", ATTNCC_MAX_SEGMENTS);\n  printf("FLAG_SLOT %d\\n", ATTNCC_FLAG_SLOT);'
+    body += ('\n  printf("F32 %d\\nBF16 %d\\nF16 %d\\n", ATTNCC_VALUES_F32, ATTNCC_VALUES_BF16, '
+             'ATTNCC_VALUES_F16);')
+    c = dict(line.split() for line in _c_program(tmp_path, body).splitlines())
+    for name in names:
+        assert int(c[name]) == getattr(abi.AttnccWriteArgs, name).offset, name
+    assert int(c["sizeof"]) == ctypes.sizeof(abi.AttnccWriteArgs)
+    assert int(c["MAX_SEGMENTS"]) == abi.MAX_SEGMENTS == len(abi.AttnccWriteArgs().values)
+    assert int(c["FLAG_SLOT"]) == abi.FLAG_SLOT
+    assert [int(c[k]) for k in ("F32", "BF16", "F16")] == [abi.VALUE_DTYPES[k] for k in ("float32", "bfloat16", "float16")]
+
+
 def test_version_and_tensor_limit_come_from_the_header():
     text = abi.HEADER.read_text()
     assert f"#define ATTNCC_ABI_VERSION {abi.ABI_VERSION}\n" in text
@@ -87,6 +104,20 @@ def test_library_with_another_struct_size_is_refused(tmp_path):
     lib = _fake_library(tmp_path, f"int attncc_abi_version(void) {{ return {abi.ABI_VERSION}; }}\n"
                                   f"int attncc_args_size(void) {{ return {ctypes.sizeof(abi.AttnccArgs) + 8}; }}\n")
     with pytest.raises(abi.AbiMismatch, match=f"{ctypes.sizeof(abi.AttnccArgs) + 8} bytes"):
+        abi.Library(lib)
+
+
+@needs_cc
+def test_library_with_another_write_struct_size_is_refused(tmp_path):
+    exports = (f"int attncc_abi_version(void) {{ return {abi.ABI_VERSION}; }}\n"
+               f"int attncc_args_size(void) {{ return {ctypes.sizeof(abi.AttnccArgs)}; }}\n")
+    lib = _fake_library(tmp_path, exports + f"int attncc_write_args_size(void) {{ return "
+                                            f"{ctypes.sizeof(abi.AttnccWriteArgs) - 8}; }}\n")
+    with pytest.raises(abi.AbiMismatch, match=f"AttnccWriteArgs of {ctypes.sizeof(abi.AttnccWriteArgs) - 8} bytes"):
+        abi.Library(lib)
+    (tmp_path / "none").mkdir()
+    lib = _fake_library(tmp_path / "none", exports)
+    with pytest.raises(abi.AbiMismatch, match="exports no attncc_write_args_size"):
         abi.Library(lib)
 
 

@@ -31,6 +31,8 @@ int attncc_abi_version(void) { return ATTNCC_ABI_VERSION; }
 int attncc_args_size(void) { return (int)sizeof(AttnccArgs); }
 int attncc_ctas_per_sm(void) { return 2; }
 int attncc_launch(const AttnccArgs* a) { last = *a; ++calls; return status; }
+int attncc_write_args_size(void) { return (int)sizeof(AttnccWriteArgs); }
+int attncc_write_cache(const AttnccWriteArgs* a) { return status; }
 const AttnccArgs* stub_last(void) { return &last; }
 int stub_calls(void) { return calls; }
 void stub_fail_with(int s) { status = s; }

@@ -406,3 +406,71 @@ def test_only_plain_cuda_tensors_outside_compilation_skip_the_op_dispatch():
     assert not _direct_launch(torch.zeros(1, device="meta"))
     with FakeTensorMode():
         assert not _direct_launch(torch.zeros(1))
+
+
+# --- write_cache's kernel arguments (the kernel runs on the device: tests/test_gpu_write.py) ---
+
+def test_pack_write_points_at_the_callers_tensors_with_their_strides():
+    from attncc import abi
+    from attncc.ops import pack_write
+
+    from support import compile_quiet
+
+    k = compile_quiet(SEPARATE_SMALL)
+    cache = k.new_cache(3, device="cpu")
+    n = 5
+    latent = torch.randn(n, 4, k.spec.heads_kv, 64, dtype=torch.bfloat16)[:, 1]  # token stride 4*2*64
+    rope = torch.randn(n, 32, 2)[..., 0]  # not contiguous in its last dim: copied
+    slots = torch.tensor([3, -1, 0, 7, 11], dtype=torch.int16)  # another integer dtype: made int64
+    flags = torch.zeros(1, dtype=torch.int32)
+    args, keep = pack_write(k.spec, k.plan, cache, slots, {"latent": latent, "rope": rope}, flags)
+    names = [t.name for t in k.plan.layout.tensors]
+    for i, name in enumerate(names):
+        t = cache[name]
+        assert args.tensors[i] == t.data_ptr(), name
+        assert args.page_stride[i] == t.stride(0) * t.element_size()
+        assert args.token_stride[i] == t.stride(1) * t.element_size()
+        assert args.head_stride[i] == (t.stride(2) * t.element_size() if k.plan.layout.tensors[i].head_axis else 0)
+    assert args.num_pages == 3 and args.n == n and args.slots_are_64bit == 1
+    assert keep[0].dtype == torch.int64 and args.slots == keep[0].data_ptr()
+    assert torch.equal(keep[0], slots.long())
+    assert args.values[0] == latent.data_ptr() and args.value_dtype[0] == abi.VALUE_DTYPES["bfloat16"]
+    assert (args.value_token_stride[0], args.value_head_stride[0]) == (latent.stride(0), latent.stride(1))
+    copied = keep[2]
+    assert args.values[1] == copied.data_ptr() != rope.data_ptr() and torch.equal(copied, rope)
+    assert args.value_dtype[1] == abi.VALUE_DTYPES["float32"]
+    assert (args.value_token_stride[1], args.value_head_stride[1]) == (32, 0)  # shared: no head stride
+    assert args.flags == flags.data_ptr()
+
+
+def test_the_stores_place_every_segment_whole():
+    from support import compile_quiet
+
+    packed = compile_quiet(SPARSE_SMALL).plan.layout.stores
+    assert [(s.segment, s.tensor, s.offset_bytes, s.head_stride_bytes, s.copies, s.dim, s.dtype, s.scale_group,
+             s.scale_tensor, s.scale_offset_bytes) for s in packed] == [
+        ("latent", 0, 0, 64 + 16, 1, 64, "e4m3", 16, 0, 64),  # 64 e4m3 then 4 fp32 scales
+        ("rope", 0, 80, 64, 1, 32, "bf16", 0, -1, 0)]
+    separate = compile_quiet(SEPARATE_SMALL).plan
+    names = [t.name for t in separate.layout.tensors]
+    latent, rope = separate.layout.stores
+    assert names[latent.tensor] == "latent" and names[latent.scale_tensor] == "latent_scale"
+    assert (latent.copies, latent.offset_bytes, latent.scale_offset_bytes) == (2, 0, 0)
+    assert names[rope.tensor] == "rope" and rope.copies == 1 and rope.scale_tensor == -1
+
+
+def test_writes_that_the_kernel_takes_and_those_torch_ops_write():
+    from attncc.ops import writes_on_device
+    from support import compile_quiet
+
+    spec = compile_quiet(SPARSE_SMALL).spec
+    some = {"latent": torch.zeros(1, 64), "rope": torch.zeros(1, 32, dtype=torch.bfloat16)}
+    assert writes_on_device(spec, some)
+    assert writes_on_device(spec, {**some, "latent": torch.zeros(1, 64, dtype=torch.float16)})
+    # float64 is rounded once by the contract's torch ops: not converted to fp32 first
+    assert not writes_on_device(spec, {**some, "latent": torch.zeros(1, 64, dtype=torch.float64)})
+    many = "attention many {\n heads q = 4, kv = 1\n cache paged(4) {\n" + "".join(
+        f"  s{i}: bf16[16]\n" for i in range(9)) + " }\n key = " + " ++ ".join(f"s{i}" for i in range(9)) + \
+        "\n value = s0\n}\n"
+    spec = compile_quiet(many).spec
+    assert not writes_on_device(spec, {f"s{i}": torch.zeros(1, 16) for i in range(9)})

@@ -213,6 +213,7 @@ PYBIND11_MODULE(attncc_launcher, m) {
   // what attncc/abi.py's check_abi asks a kernel library, asked of this module too
   m.def("attncc_abi_version", [] { return ATTNCC_ABI_VERSION; });
   m.def("attncc_args_size", [] { return static_cast<int>(sizeof(AttnccArgs)); });
+  m.def("attncc_write_args_size", [] { return static_cast<int>(sizeof(AttnccWriteArgs)); });
   py::class_<Launcher>(m, "Launcher")
       .def(py::init<uintptr_t, std::vector<std::string>, bool, py::object, py::object, py::object>(),
            py::arg("launch"), py::arg("tensors"), py::arg("separate"), py::arg("prepare"),

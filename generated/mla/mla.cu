@@ -2,6 +2,7 @@
 #include "attncc/abi.h"
 #include "attncc/core/combine.cuh"
 #include "attncc/core/launch.cuh"
+#include "attncc/core/write.cuh"
 #include "attncc/hopper/kernel.cuh"
 
 namespace {
@@ -41,6 +42,12 @@ struct Config {
   static constexpr int kNumValueRuns = 1;
   static constexpr attncc::Run kValueRuns[kNumValueRuns] = {{0, 512}};
   static constexpr int kRawPitchBytes = 1152;  // a token's raw row (fp8 staging)
+  static constexpr int kNumStores = 2;  // write_cache: every segment, spec order
+  static constexpr attncc::Store kStores[kNumStores] = {
+      // tensor, offset_bytes, head_stride_bytes, copies, dim, dtype, scale: group (0: none), tensor (-1: none), offset_bytes, head_stride_bytes
+      {0, 0, 1024, 1, 512, attncc::Dtype::kBF16, 0, -1, 0, 0},  // latent
+      {0, 1024, 128, 1, 64, attncc::Dtype::kBF16, 0, -1, 0, 0},  // rope
+  };
 
   // kernel config: hopper family
   static constexpr int kTileM = 64;  // one wgmma M (64 rows), both consumer warp groups on the same rows
@@ -87,6 +94,8 @@ using Combine = attncc::CombineLaunch<Config>;
 
 extern "C" int attncc_abi_version(void) { return ATTNCC_ABI_VERSION; }
 extern "C" int attncc_args_size(void) { return static_cast<int>(sizeof(AttnccArgs)); }
+extern "C" int attncc_write_args_size(void) { return static_cast<int>(sizeof(AttnccWriteArgs)); }
+extern "C" int attncc_write_cache(const AttnccWriteArgs* args) { return attncc::write_cache_launch<Config>(args); }
 extern "C" int attncc_smem_bytes(void) { return Decode::kSmemBytes; }
 extern "C" int attncc_threads(void) { return Decode::kThreads; }
 extern "C" int attncc_ctas_per_split(int s_q) { return Decode::ctas_per_split(s_q); }

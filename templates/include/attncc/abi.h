@@ -10,9 +10,11 @@
  *     int attncc_threads(void);                    threads per decode CTA
  *     int attncc_ctas_per_split(int s_q);          decode CTAs per (batch[, query token], split)
  *     int attncc_ctas_per_sm(void);                decode CTAs one SM holds at once (0: unknown)
+ *     int attncc_write_args_size(void);            sizeof(AttnccWriteArgs) the library was built with
+ *     int attncc_write_cache(const AttnccWriteArgs* args);  write_cache's kernel; a cudaError_t
  *
  * and nothing else; the host (Python, through ctypes or a thin binding) fills this struct with
- * device pointers and sizes, after checking the first two against its own (attncc/abi.py reads
+ * device pointers and sizes, after checking the first two (and the write size) against its own (attncc/abi.py reads
  * the version and the tensor limit from this file: they are defined here only). Any change to
  * AttnccArgs or to the meaning of a field bumps ATTNCC_ABI_VERSION. Plain C: no C++ here.
  *
@@ -38,10 +40,12 @@
 extern "C" {
 #endif
 
-#define ATTNCC_ABI_VERSION 2
+#define ATTNCC_ABI_VERSION 3
 #define ATTNCC_MAX_TENSORS 8
+#define ATTNCC_MAX_SEGMENTS 8  /* segments of a record write_cache's kernel takes (more: torch ops) */
 
 /* bits of *flags (attncc/devicecheck.py names the argument of each) */
+#define ATTNCC_FLAG_SLOT 1    /* write_cache's slots: a slot outside [0, num_pages * page size), not -1 */
 #define ATTNCC_FLAG_PAGE 2    /* block_table: a page number outside [0, num_pages) */
 #define ATTNCC_FLAG_SEQLEN 4  /* seqlens: a length outside [0, block_table_cols * page size] */
 #define ATTNCC_FLAG_INDEX 8   /* indices: an index outside [-1, num_pages * page size) */
@@ -72,6 +76,32 @@ typedef struct AttnccArgs {
   void* stream;           /* cudaStream_t */
 } AttnccArgs;
 
+/* write_cache (DESIGN.md section 3): token i's record, every segment, quantized where fp8
+ * (scale = amax / max finite per scale group, values / scale rounded to nearest even and
+ * clamped to the finite range), stored at slot slots[i] (page * P + offset) of the cache
+ * tensors, at the views' strides (as in AttnccArgs). A slot of -1 is skipped; any other slot
+ * outside [0, num_pages * page size) is skipped and sets ATTNCC_FLAG_SLOT in *flags. Two
+ * entries with one slot store one of them or a mix (as any scatter). One kernel, no host sync. */
+#define ATTNCC_VALUES_F32 0
+#define ATTNCC_VALUES_BF16 1
+#define ATTNCC_VALUES_F16 2
+typedef struct AttnccWriteArgs {
+  void* tensors[ATTNCC_MAX_TENSORS];    /* the plan's cache tensors, in plan order */
+  int page_stride[ATTNCC_MAX_TENSORS];  /* bytes, as in AttnccArgs */
+  int token_stride[ATTNCC_MAX_TENSORS];
+  int head_stride[ATTNCC_MAX_TENSORS];
+  int num_pages;
+  const void* slots;                    /* [n] int32 or int64 */
+  int slots_are_64bit;
+  int n;
+  const void* values[ATTNCC_MAX_SEGMENTS];  /* per segment in spec order: [n, copies, dim], the last dim contiguous */
+  int value_dtype[ATTNCC_MAX_SEGMENTS];     /* ATTNCC_VALUES_* */
+  long long value_token_stride[ATTNCC_MAX_SEGMENTS];  /* elements */
+  long long value_head_stride[ATTNCC_MAX_SEGMENTS];   /* elements (0 for a shared segment) */
+  int* flags;                           /* device word for ATTNCC_FLAG_SLOT, or NULL */
+  void* stream;                         /* cudaStream_t */
+} AttnccWriteArgs;
+
 /* Exported by every generated library (see the top of this file). */
 int attncc_abi_version(void);
 int attncc_args_size(void);
@@ -80,6 +110,8 @@ int attncc_smem_bytes(void);
 int attncc_threads(void);
 int attncc_ctas_per_split(int s_q);
 int attncc_ctas_per_sm(void);
+int attncc_write_args_size(void);
+int attncc_write_cache(const AttnccWriteArgs* args);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 // attncc/core/common.cuh: vocabulary shared by every device header of every family.
 //
 //   Dtype, Source, Run   the plan's description of a cached token record, as constexpr data
+//   Store                where write_cache stores one segment of it
 //   static_for           a compile-time loop, so that per-source and per-k-step constants fold
 //   Elem16<Dtype>        the 16-bit element type of q, out and the staged tile (bf16 or fp16)
 #pragma once
@@ -68,6 +69,25 @@ struct Source {
 
   __host__ __device__ constexpr int data_bytes() const { return width * dtype_bytes(dtype); }
   __host__ __device__ constexpr bool has_scale() const { return scale_tensor >= 0; }
+};
+
+// Where write_cache stores one segment (the plan's "stores", spec order). Copy j (kv head j; one
+// copy when shared) of a token's `dim` values lives at
+//   tensors[tensor] + (token offset of the slot, as for a Source) + offset_bytes + j * head stride
+// and, for an fp8 segment, its dim / scale_group fp32 scales at
+//   tensors[scale_tensor] + (token offset) + scale_offset_bytes + j * (head stride) + g * 4,
+// a head stride being the view's where the tensor has a head axis (kHeadAxis), else the field.
+struct Store {
+  int tensor;
+  int offset_bytes;
+  int head_stride_bytes;
+  int copies;
+  int dim;
+  Dtype dtype;
+  int scale_group;              // 0: a 16-bit segment
+  int scale_tensor;             // -1: none
+  int scale_offset_bytes;
+  int scale_head_stride_bytes;
 };
 
 // A run of staged columns [col, col + width) that is part of the key or the value.
