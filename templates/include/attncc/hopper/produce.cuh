@@ -177,6 +177,15 @@ struct TileTokens {
   // CTA's half of the tokens, then the group's halves shared with the peer (share_group).
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
+    issue_boxes<kFrom, kTo>(a, sbase, stage, head, p);
+    convert_boxes<kFrom, kTo, 0>(sbase, stage, p);
+    if constexpr (Cfg::kCrossover) share_group<kFrom, kTo>(sbase, stage, p);
+  }
+
+  // copy_boxes' copies: the 16-bit boxes' (and their arrivals), the fp8 pairs' raw bytes and
+  // scales as one cp.async group.
+  template <int kFrom, int kTo>
+  __device__ __forceinline__ void issue_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
     using T = HopperTraits<Cfg>;
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
@@ -193,10 +202,24 @@ struct TileTokens {
     if constexpr (has_fp8_box(kFrom, kTo)) {
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { load_pair<decltype(run)::value>(a, sbase, stage, head, p, b); });
       cp_async_commit();
-      cp_async_wait<0>();  // this thread's raw chunks and scales (it alone reads them)
+    }
+  }
+
+  // ... and their conversion, once this thread's group has landed (kNewer: the cp.async groups it
+  // committed since, left in flight).
+  template <int kFrom, int kTo, int kNewer>
+  __device__ __forceinline__ void convert_boxes(uint32_t sbase, int stage, int p) const {
+    if constexpr (has_fp8_box(kFrom, kTo)) {
+      cp_async_wait<kNewer>();  // this thread's raw chunks and scales (it alone reads them)
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { convert_pair<decltype(run)::value>(sbase, stage, p, b); });
     }
-    if constexpr (Cfg::kCrossover) share_group<kFrom, kTo>(sbase, stage, p);
+  }
+
+  // Whether fill_stage issues both groups' copies before it converts either, so that a stage's
+  // fp8 loads take one round trip to memory, not two (not with crossover, which shares a group
+  // with the peer as soon as it is converted).
+  __host__ __device__ static constexpr bool issues_ahead() {
+    return !Cfg::kCrossover && has_fp8_box(0, HopperTraits<Cfg>::kBoxes);
   }
 
   // f(run I, first box b) for each fp8 box pair of boxes [kFrom, kTo), run by run, a run's pairs
@@ -350,6 +373,8 @@ struct TmaTile {
   int page, token;
   bool whole;
 
+  __host__ __device__ static constexpr bool issues_ahead() { return false; }  // (fill_stage)
+
   __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile) {
     const int pos0 = tile * Cfg::kTileN;
     whole = pos0 + Cfg::kTileN <= ss.limit;  // then its page number is inside the row
@@ -399,7 +424,11 @@ __device__ __forceinline__ void peer_free(uint32_t bar, uint32_t sbase, int pari
 
 // A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the
 // tensor maps): each group of boxes after its EMPTY wait (the release of the stage's previous
-// tile), the flags before the early group (stacked: the only one). Trace events (core/trace.cuh,
+// tile), the flags before the early group (stacked: the only one). fp8 tiles without crossover
+// (issues_ahead): both groups' copies issued, then each group converted, so the late group's
+// loads fly while the early group's wait; the EMPTY late wait before the early group's FULL
+// arrivals cannot deadlock: the stage's previous tile is released by consumers that need only
+// tiles before this one, all of them filled. Trace events (core/trace.cuh,
 // role 2, slot trace_slot: the tile in the CTA's stream): 0 the wait for EMPTY early begins, 1 it
 // ends, 2 EMPTY late's ends, 3 the copies are issued.
 template <class Cfg, class Tile, class From>
@@ -411,6 +440,17 @@ __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, u
   if constexpr (T::kCrossover) peer_free(T::peer_free_early(sbase, stage), sbase, parity, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
   tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
+  if constexpr (T::kEarly < T::kBoxes && Tile::issues_ahead()) {
+    // the late group's copies in flight before the early group's wait for memory and conversion
+    tile.template issue_boxes<0, T::kEarly>(from, sbase, stage, head, p);
+    mbarrier_wait(T::empty_late(sbase, stage), parity);
+    ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
+    tile.template issue_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
+    tile.template convert_boxes<0, T::kEarly, Tile::has_fp8_box(T::kEarly, T::kBoxes) ? 1 : 0>(sbase, stage, p);
+    tile.template convert_boxes<T::kEarly, T::kBoxes, 0>(sbase, stage, p);
+    ATTNCC_TRACE(p == 0, 2, trace_slot, 3);
+    return;
+  }
   tile.template copy_boxes<0, T::kEarly>(from, sbase, stage, head, p);
   if constexpr (T::kEarly < T::kBoxes) {
     mbarrier_wait(T::empty_late(sbase, stage), parity);
