@@ -154,8 +154,12 @@ def test_views_are_written_in_place_and_nothing_beside_them():
     both = torch.full((3, 2, *plain[names[0]].shape[1:]), float("nan"), dtype=plain[names[0]].dtype, device="cuda")
     view = {name: both[:, i] for i, name in enumerate(names)}
     k.write_cache(view, slots, **values)
+    written = torch.zeros(3 * spec.page_size, dtype=torch.bool, device="cuda")
+    written[slots] = True
     for name in names:
-        assert torch.equal(view[name], plain[name]), name
+        got, want = view[name].flatten(0, 1), plain[name].flatten(0, 1)  # [slots, heads, dim]
+        assert torch.equal(got[written], want[written]), name
+        assert got[~written].isnan().all(), name  # the buffer's NaN where no slot was written
 
 
 @pytest.mark.parametrize("name", ["mla_fp8_sparse", "gqa8_separate"])
