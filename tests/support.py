@@ -1,6 +1,7 @@
 """Helpers shared by the CPU tests."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import subprocess
 import sys
@@ -96,3 +97,17 @@ def load_example(name: str):
     sys.modules[name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """The work enqueued so far finished, then any host sync inside raises (torch's sync
+    debug mode): for calls that must not read the device back."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

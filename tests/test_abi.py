@@ -41,31 +41,31 @@ def _c_program(tmp_path: Path, body: str) -> str:
     return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
 
 
-@needs_cc
-def test_ctypes_mirror_matches_the_c_layout(tmp_path):
-    names = [name for name, _ in abi.AttnccArgs._fields_]
-    body = "\n".join(f'  printf("{n} %zu\\n", offsetof(AttnccArgs, {n}));' for n in names)
-    body += '\n  printf("sizeof %zu\\n", sizeof(AttnccArgs));'
-    body += '\n  printf("ABI_VERSION %d\\n", ATTNCC_ABI_VERSION);\n  printf("MAX_TENSORS %d\\n", ATTNCC_MAX_TENSORS);'
+def _checked_mirror(tmp_path, struct, extra: str = "") -> dict:
+    """A C compiler's offset of every field of ctypes struct `struct` (its C name the class's)
+    and its size, asserted equal to the mirror's; returns what `extra`'s printf lines print."""
+    names = [name for name, _ in struct._fields_]
+    body = "\n".join(f'  printf("{n} %zu\\n", offsetof({struct.__name__}, {n}));' for n in names)
+    body += f'\n  printf("sizeof %zu\\n", sizeof({struct.__name__}));' + extra
     c = dict(line.split() for line in _c_program(tmp_path, body).splitlines())
     for name in names:
-        assert int(c[name]) == getattr(abi.AttnccArgs, name).offset, name
-    assert int(c["sizeof"]) == ctypes.sizeof(abi.AttnccArgs)
+        assert int(c[name]) == getattr(struct, name).offset, name
+    assert int(c["sizeof"]) == ctypes.sizeof(struct)
+    return c
+
+
+@needs_cc
+def test_ctypes_mirror_matches_the_c_layout(tmp_path):
+    c = _checked_mirror(tmp_path, abi.AttnccArgs, '\n  printf("ABI_VERSION %d\\n", ATTNCC_ABI_VERSION);'
+                                                 '\n  printf("MAX_TENSORS %d\\n", ATTNCC_MAX_TENSORS);')
     assert int(c["ABI_VERSION"]) == abi.ABI_VERSION and int(c["MAX_TENSORS"]) == abi.MAX_TENSORS
 
 
 @needs_cc
 def test_ctypes_mirror_of_the_write_arguments_matches_the_c_layout(tmp_path):
-    names = [name for name, _ in abi.AttnccWriteArgs._fields_]
-    body = "\n".join(f'  printf("{n} %zu\\n", offsetof(AttnccWriteArgs, {n}));' for n in names)
-    body += '\n  printf("sizeof %zu\\n", sizeof(AttnccWriteArgs));'
-    body += '\n  printf("MAX_SEGMENTS %d\\n", ATTNCC_MAX_SEGMENTS);\n  printf("FLAG_SLOT %d\\n", ATTNCC_FLAG_SLOT);'
-    body += ('\n  printf("F32 %d\\nBF16 %d\\nF16 %d\\n", ATTNCC_VALUES_F32, ATTNCC_VALUES_BF16, '
-             'ATTNCC_VALUES_F16);')
-    c = dict(line.split() for line in _c_program(tmp_path, body).splitlines())
-    for name in names:
-        assert int(c[name]) == getattr(abi.AttnccWriteArgs, name).offset, name
-    assert int(c["sizeof"]) == ctypes.sizeof(abi.AttnccWriteArgs)
+    c = _checked_mirror(tmp_path, abi.AttnccWriteArgs,
+                        '\n  printf("MAX_SEGMENTS %d\\n", ATTNCC_MAX_SEGMENTS);\n  printf("FLAG_SLOT %d\\n", ATTNCC_FLAG_SLOT);'
+                        '\n  printf("F32 %d\\nBF16 %d\\nF16 %d\\n", ATTNCC_VALUES_F32, ATTNCC_VALUES_BF16, ATTNCC_VALUES_F16);')
     assert int(c["MAX_SEGMENTS"]) == abi.MAX_SEGMENTS == len(abi.AttnccWriteArgs().values)
     assert int(c["FLAG_SLOT"]) == abi.FLAG_SLOT
     assert [int(c[k]) for k in ("F32", "BF16", "F16")] == [abi.VALUE_DTYPES[k] for k in ("float32", "bfloat16", "float16")]

@@ -14,6 +14,7 @@ from attncc import storage, testing
 from attncc.ops import cache_list
 
 from specs import all_specs, without_crossover
+from support import no_host_sync
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -263,12 +264,8 @@ def test_write_cache_on_cuda_skips_minus_one_without_a_sync(kernels, name):
     values = {s.name: torch.randn(n, *(() if s.shared else (spec.heads_kv,)), s.dim, device="cuda", generator=gen)
               for s in spec.segments}
     slots = torch.tensor([3, -1, 0, 17, -1, 40, 5, -1, 2], device="cuda")
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         k.write_cache(cache, slots, **values)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     k.check()  # -1 is padding, not an error
     keep = (slots >= 0).cpu()
     got = storage.read(spec, cache, slots[slots >= 0])
@@ -388,12 +385,8 @@ def test_an_eager_call_does_not_sync(kernels):
     k = kernels["mla"]
     case = testing.random_case(k.spec, [100, 7, 300], 2, seed=46)
     _run(k, case)  # built and warmed up
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         out, lse = _run(k, case)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert testing.compare(k.spec, case, out, lse).ok
     k.check()
 
@@ -488,12 +481,8 @@ def test_plan_metadata_of_a_split_plan_without_a_sync(kernels, name):
     """k.plan reads no length: balanced parts without max_seqlen, splits with it; both right."""
     k = kernels[name]
     case = testing.random_case(k.spec, [3000, 17, 900], 1, seed=51)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         plans = [k.plan(case.seqlens), k.plan(case.seqlens, max_seqlen=3000)]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert plans[0].num_splits < 0 and plans[1].num_splits >= 1
     for metadata in plans:
         out, lse = _run(k, case, metadata=metadata)

@@ -15,6 +15,7 @@ import attncc
 from attncc import storage, testing
 
 from specs import all_specs
+from support import no_host_sync
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -82,12 +83,8 @@ def test_the_kernel_stores_the_bytes_the_contract_stores(name, dtype):
     slots = slots.to("cuda", torch.int32 if dtype != torch.float32 else torch.int64)
     values = {s: v.cuda() for s, v in _values(spec, n, dtype, seed=len(name) + 1).items()}
     want = _contract(spec, cache, slots, values)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         k.write_cache(cache, slots, **values)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     got = _bytes(cache)
     for tensor, t in want.items():
         assert torch.equal(got[tensor], t.view(torch.uint8)), (tensor, (got[tensor] != t.view(torch.uint8)).sum())
@@ -178,14 +175,19 @@ def test_out_of_range_slots_are_flagged_and_touch_nothing(name):
     k.check()  # cleared
 
 
-def test_a_write_is_one_kernel():
+def _written(n: int, dtype, seed: int):
+    """The sparse example's kernel, a 2-page cache with slots 0 .. n - 1 written once (warm)."""
     k = compiled("mla_fp8_sparse")
-    spec = k.spec
     cache = k.new_cache(2)
-    values = {s: v.cuda() for s, v in _values(spec, 16, torch.bfloat16, seed=6).items()}
-    slots = torch.arange(16, device="cuda")
-    k.write_cache(cache, slots, **values)  # built and warm
+    values = {s: v.cuda() for s, v in _values(k.spec, n, dtype, seed=seed).items()}
+    slots = torch.arange(n, device="cuda")
+    k.write_cache(cache, slots, **values)
     torch.cuda.synchronize()
+    return k, cache, slots, values
+
+
+def test_a_write_is_one_kernel():
+    k, cache, slots, values = _written(16, torch.bfloat16, seed=6)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         k.write_cache(cache, slots, **values)
         torch.cuda.synchronize()
@@ -194,13 +196,8 @@ def test_a_write_is_one_kernel():
 
 
 def test_a_write_in_a_cuda_graph_replays_with_new_slots_and_values():
-    k = compiled("mla_fp8_sparse")
+    k, cache, slots, values = _written(8, torch.float32, seed=7)
     spec = k.spec
-    cache = k.new_cache(2)
-    values = {s: v.cuda() for s, v in _values(spec, 8, torch.float32, seed=7).items()}
-    slots = torch.arange(8, device="cuda")
-    k.write_cache(cache, slots, **values)
-    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         k.write_cache(cache, slots, **values)
