@@ -30,7 +30,8 @@ and alternate tiles, and merge (O, m, l) at the end; `seesaw` keeps the seesaw.
 Sparse top-k plans read each tile's slots from the query token's indices; fp8 runs are
 dequantized by the producer warp group itself (the raw bytes and scales of a group of box pairs
 by cp.async into the stage, then core/dequant.cuh's exact conversion in place, into the
-swizzled boxes); both go by cp.async, not TMA.
+swizzled boxes; both groups of a stage in flight before either is converted, one round trip
+to memory a stage); both go by cp.async, not TMA.
 `crossover` runs the CTAs in clusters of two, row blocks 2i and 2i + 1 of a kv head, which read
 the same tokens: each producer converts half of every tile's fp8 tokens and copies its half of
 each box into the peer's stage (distributed shared memory, a bulk copy a box), so each value is
