@@ -140,19 +140,28 @@ def cuda_forward(spec: Spec, plan: Plan, library: Library, q, cache, block_table
         partial_lse = torch.empty(p.workspace[1], dtype=torch.float32, device=q.device)
     args = pack(p, q, out, lse, views, block_table, seqlens, indices, partial_out, partial_lse, scale,
                 torch.cuda.current_stream(q.device).cuda_stream)
-    if q.device.index == torch.cuda.current_device():
-        library.launch(args)  # the common case: no device switch on the hot path
-    else:
-        with torch.cuda.device(q.device):
-            library.launch(args)
+    _on(q.device, library.launch, args)
     return out, lse
+
+
+def _on(device: torch.device, launch, args) -> None:
+    """launch(args) with `device` current (the common case: it is, no device switch on the hot path)."""
+    if device.index == torch.cuda.current_device():
+        launch(args)
+    else:
+        with torch.cuda.device(device):
+            launch(args)
+
+
+def _value_dtype(t: torch.Tensor) -> Optional[int]:
+    """AttnccWriteArgs.value_dtype of a values tensor, or None for a dtype the kernel does not read."""
+    return VALUE_DTYPES.get(str(t.dtype).removeprefix("torch."))
 
 
 def writes_on_device(spec: Spec, values: dict[str, torch.Tensor]) -> bool:
     """Whether write_cache's kernel takes these values: at most MAX_SEGMENTS segments (abi.h), each
     in fp32, bf16 or fp16 (another dtype is written by torch ops, which round it as the contract does)."""
-    return len(spec.segments) <= MAX_SEGMENTS and all(str(t.dtype).removeprefix("torch.") in VALUE_DTYPES
-                                                       for t in values.values())
+    return len(spec.segments) <= MAX_SEGMENTS and all(_value_dtype(t) is not None for t in values.values())
 
 
 def pack_write(spec: Spec, plan: Plan, cache, slots, values: dict[str, torch.Tensor], flags):
@@ -177,7 +186,7 @@ def pack_write(spec: Spec, plan: Plan, cache, slots, values: dict[str, torch.Ten
             t = t.contiguous()
         keep.append(t)
         args.values[i] = t.data_ptr()
-        args.value_dtype[i] = VALUE_DTYPES[str(t.dtype).removeprefix("torch.")]
+        args.value_dtype[i] = _value_dtype(t)
         args.value_token_stride[i] = t.stride(0)
         args.value_head_stride[i] = 0 if seg.shared else t.stride(1)
     args.flags = _ptr(flags)
@@ -187,14 +196,9 @@ def pack_write(spec: Spec, plan: Plan, cache, slots, values: dict[str, torch.Ten
 def cuda_write_cache(spec: Spec, plan: Plan, library: Library, cache, slots, values: dict[str, torch.Tensor],
                      flags) -> None:
     """write_cache in one kernel (core/write.cuh) on the current stream: no host sync."""
-    args, keep = pack_write(spec, plan, cache, slots, values, flags)
+    args, alive = pack_write(spec, plan, cache, slots, values, flags)  # alive: what args points into
     args.stream = torch.cuda.current_stream(slots.device).cuda_stream
-    if slots.device.index == torch.cuda.current_device():
-        library.write_cache(args)
-    else:
-        with torch.cuda.device(slots.device):
-            library.write_cache(args)
-    del keep
+    _on(slots.device, library.write_cache, args)
 
 
 def _schedule(plan: Plan, library: Library, batch: int, s_q: int, block_table, requested: int,
