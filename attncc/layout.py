@@ -75,6 +75,7 @@ class StorePlan:
     scale_tensor: int        # -1: none
     scale_offset_bytes: int
     scale_head_stride_bytes: int
+    max_finite: float        # fp8: the quantization range (ir.DTYPES); 0 for a 16-bit segment
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _stores(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[StorePlan, ...
             place = (0, seg.offset, seg.head_stride)
             scale = (0, seg.offset + seg.values_bytes, seg.head_stride) if seg.scale_group else (-1, 0, 0)
         stores.append(StorePlan(seg.name, *place, seg.copies, seg.dim, seg.dtype.name,
-                                seg.scale_group, *scale))
+                                seg.scale_group, *scale, seg.dtype.max_finite))
     return tuple(stores)
 
 

@@ -448,13 +448,14 @@ def test_the_stores_place_every_segment_whole():
 
     packed = compile_quiet(SPARSE_SMALL).plan.layout.stores
     assert [(s.segment, s.tensor, s.offset_bytes, s.head_stride_bytes, s.copies, s.dim, s.dtype, s.scale_group,
-             s.scale_tensor, s.scale_offset_bytes) for s in packed] == [
-        ("latent", 0, 0, 64 + 16, 1, 64, "e4m3", 16, 0, 64),  # 64 e4m3 then 4 fp32 scales
-        ("rope", 0, 80, 64, 1, 32, "bf16", 0, -1, 0)]
+             s.scale_tensor, s.scale_offset_bytes, s.max_finite) for s in packed] == [
+        ("latent", 0, 0, 64 + 16, 1, 64, "e4m3", 16, 0, 64, 448.0),  # 64 e4m3 then 4 fp32 scales
+        ("rope", 0, 80, 64, 1, 32, "bf16", 0, -1, 0, 0.0)]
     separate = compile_quiet(SEPARATE_SMALL).plan
     names = [t.name for t in separate.layout.tensors]
     latent, rope = separate.layout.stores
     assert names[latent.tensor] == "latent" and names[latent.scale_tensor] == "latent_scale"
+    assert latent.max_finite == 57344.0  # e5m2
     assert (latent.copies, latent.offset_bytes, latent.scale_offset_bytes) == (2, 0, 0)
     assert names[rope.tensor] == "rope" and rope.copies == 1 and rope.scale_tensor == -1
 

@@ -44,9 +44,9 @@ struct Config {
   static constexpr int kRawPitchBytes = 656;  // a token's raw row (fp8 staging)
   static constexpr int kNumStores = 2;  // write_cache: every segment, spec order
   static constexpr attncc::Store kStores[kNumStores] = {
-      // tensor, offset_bytes, head_stride_bytes, copies, dim, dtype, scale: group (0: none), tensor (-1: none), offset_bytes, head_stride_bytes
-      {0, 0, 528, 1, 512, attncc::Dtype::kE4M3, 128, 0, 512, 528},  // latent
-      {0, 528, 128, 1, 64, attncc::Dtype::kBF16, 0, -1, 0, 0},  // rope
+      // tensor, offset_bytes, head_stride_bytes, copies, dim, dtype, scale: group (0: none), tensor (-1: none), offset_bytes, head_stride_bytes; fp8 max finite
+      {0, 0, 528, 1, 512, attncc::Dtype::kE4M3, 128, 0, 512, 528, 448.0f},  // latent
+      {0, 528, 128, 1, 64, attncc::Dtype::kBF16, 0, -1, 0, 0, 0.0f},  // rope
   };
 
   // kernel config: hopper family

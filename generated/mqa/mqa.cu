@@ -44,9 +44,9 @@ struct Config {
   static constexpr int kRawPitchBytes = 512;  // a token's raw row (fp8 staging)
   static constexpr int kNumStores = 2;  // write_cache: every segment, spec order
   static constexpr attncc::Store kStores[kNumStores] = {
-      // tensor, offset_bytes, head_stride_bytes, copies, dim, dtype, scale: group (0: none), tensor (-1: none), offset_bytes, head_stride_bytes
-      {0, 0, 256, 1, 128, attncc::Dtype::kBF16, 0, -1, 0, 0},  // k
-      {0, 256, 256, 1, 128, attncc::Dtype::kBF16, 0, -1, 0, 0},  // v
+      // tensor, offset_bytes, head_stride_bytes, copies, dim, dtype, scale: group (0: none), tensor (-1: none), offset_bytes, head_stride_bytes; fp8 max finite
+      {0, 0, 256, 1, 128, attncc::Dtype::kBF16, 0, -1, 0, 0, 0.0f},  // k
+      {0, 256, 256, 1, 128, attncc::Dtype::kBF16, 0, -1, 0, 0, 0.0f},  // v
   };
 
   // kernel config: mma_sync family

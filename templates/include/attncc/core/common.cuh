@@ -88,6 +88,7 @@ struct Store {
   int scale_tensor;             // -1: none
   int scale_offset_bytes;
   int scale_head_stride_bytes;
+  float max_finite;             // fp8: the quantization range (scale = amax / max_finite); 0 otherwise
 };
 
 // A run of staged columns [col, col + width) that is part of the key or the value.

@@ -35,11 +35,6 @@ __device__ __forceinline__ uint8_t to_fp8(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, D == Dtype::kE4M3 ? __NV_E4M3 : __NV_E5M2));
 }
 
-template <Dtype D>
-__host__ __device__ constexpr float fp8_max_finite() {
-  return D == Dtype::kE4M3 ? 448.0f : 57344.0f;
-}
-
 // One copy of a 16-bit segment (store kI of the plan): values row `src` -> bytes at `dst`.
 template <class Cfg, int kI>
 __device__ __forceinline__ void store_16bit(const char* src, int dtype, unsigned char* dst, int tid) {
@@ -62,7 +57,8 @@ template <class Cfg, int kI>
 __device__ __forceinline__ void store_fp8_group(const char* src, int dtype, unsigned char* dst, unsigned char* scale_at, int lane) {
   constexpr Store kS = Cfg::kStores[kI];
   constexpr int kPerLane = (kS.scale_group + 31) / 32;
-  constexpr float kTop = fp8_max_finite<kS.dtype>();
+  constexpr float kTop = kS.max_finite;
+  static_assert(kTop > 0.0f, "an fp8 segment's range");
   float v[kPerLane];
   float amax = 0.0f;
   bool nan = false;
