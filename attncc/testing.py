@@ -40,6 +40,17 @@ def _write_random(spec: Spec, cache, slots: torch.Tensor, gen: torch.Generator) 
     storage.write(spec, cache, slots, values)
 
 
+def written_as_contract(spec: Spec, cache, slots: torch.Tensor, values: dict) -> dict[str, torch.Tensor]:
+    """The cache's tensors, copied to the CPU, after write_cache's contract (storage.write, torch
+    ops) has written `values` ([n, copies, dim], or [n, dim] shared: as write_cache takes them)
+    at the slots inside the cache: what write_cache on the device must leave, byte for byte."""
+    tensors = {name: t.cpu().clone() for name, t in storage.cache_tensors(cache).items()}
+    keep = ((slots >= 0) & (slots < storage.num_pages(cache) * spec.page_size)).cpu()
+    storage.write(spec, tensors if spec.separate else tensors[storage.PACKED_NAME], slots.cpu()[keep].long(),
+                  {name: (v if not spec.segment(name).shared else v[:, None]).cpu()[keep] for name, v in values.items()})
+    return tensors
+
+
 def random_case(spec: Spec, seqlens: list[int], s_q: int, device="cuda", seed: int = 0,
                 empty_rows: bool = True) -> Case:
     """A call's inputs: pages assigned by a random permutation, spare block-table entries

@@ -104,7 +104,7 @@ def _write_case(name, k, host_init: bool) -> int:
     the contract's bytes (storage.write on CPU); 1 if they differ."""
     import torch
 
-    from attncc import storage
+    from attncc import storage, testing
 
     spec, P = k.spec, k.spec.page_size
     cache = k.new_cache(3)
@@ -114,10 +114,7 @@ def _write_case(name, k, host_init: bool) -> int:
               for s in spec.segments}
     if host_init:
         _rewrite_by_copy(*storage.cache_tensors(cache).values(), slots, *values.values())
-    keep = ((slots >= 0) & (slots < 3 * P)).cpu()
-    want = {n: t.cpu().clone() for n, t in storage.cache_tensors(cache).items()}
-    storage.write(spec, want if spec.separate else want[storage.PACKED_NAME], slots.cpu()[keep],
-                  {n: (v if not spec.segment(n).shared else v[:, None]).cpu()[keep] for n, v in values.items()})
+    want = testing.written_as_contract(spec, cache, slots, values)
     k.write_cache(cache, slots, **values)
     torch.cuda.synchronize()
     try:

@@ -54,16 +54,6 @@ def _values(spec, n, dtype, seed):
     return out
 
 
-def _contract(spec, cache, slots, values):
-    """What storage.write stores, on CPU, into a copy of `cache` (the valid slots only)."""
-    tensors = {n: t.cpu().clone() for n, t in storage.cache_tensors(cache).items()}
-    cpu = tensors if spec.separate else tensors[storage.PACKED_NAME]
-    keep = ((slots >= 0) & (slots < storage.num_pages(cache) * spec.page_size)).cpu()
-    storage.write(spec, cpu, slots.cpu()[keep].long(),
-                  {n: (v if not spec.segment(n).shared else v[:, None]).cpu()[keep] for n, v in values.items()})
-    return tensors
-
-
 def _bytes(cache) -> dict:
     return {n: t.view(torch.uint8).cpu() for n, t in storage.cache_tensors(cache).items()}
 
@@ -82,7 +72,7 @@ def test_the_kernel_stores_the_bytes_the_contract_stores(name, dtype):
     slots[::7] = -1  # padding
     slots = slots.to("cuda", torch.int32 if dtype != torch.float32 else torch.int64)
     values = {s: v.cuda() for s, v in _values(spec, n, dtype, seed=len(name) + 1).items()}
-    want = _contract(spec, cache, slots, values)
+    want = testing.written_as_contract(spec, cache, slots, values)
     with no_host_sync():
         k.write_cache(cache, slots, **values)
     got = _bytes(cache)
@@ -107,7 +97,7 @@ def test_nan_and_inf_quantize_as_the_contract_says(name):
     v[2, :group] = 0.0
     v[3, 5] = -float("inf")
     slots = torch.tensor([0, 3, 1, 2], device="cuda")
-    want = _contract(spec, cache, slots, values)
+    want = testing.written_as_contract(spec, cache, slots, values)
     k.write_cache(cache, slots, **values)
     got = storage.read(spec, cache, slots)
     expected = storage.read(spec, want if spec.separate else want[storage.PACKED_NAME], slots.cpu())
@@ -205,7 +195,7 @@ def test_a_write_in_a_cuda_graph_replays_with_new_slots_and_values():
     for s, v in values.items():
         v.copy_(fresh[s].cuda())
     slots.copy_(torch.arange(100, 108))
-    want = _contract(spec, cache, slots, values)
+    want = testing.written_as_contract(spec, cache, slots, values)
     graph.replay()
     got = _bytes(cache)
     assert all(torch.equal(got[t], w.view(torch.uint8)) for t, w in want.items())
