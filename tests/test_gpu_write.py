@@ -134,6 +134,7 @@ def test_views_are_written_in_place_and_nothing_beside_them():
             assert (tall[:, page:] == 0xAB).all()
     k = compiled("gqa8_separate")
     spec = k.spec
+    slots = torch.randperm(3 * spec.page_size)[:n].cuda()  # this spec's pages: its own slots
     values = {s: v.cuda() for s, v in _values(spec, n, torch.float32, seed=4).items()}
     plain = k.new_cache(3)
     k.write_cache(plain, slots, **values)
