@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -32,13 +33,17 @@ from attncc.kernel import Kernel  # noqa: E402
 from attncc.render import render, source_name  # noqa: E402
 
 ROLES, SLOTS, EVENTS = 3, 1024, 8  # core/trace.cuh
-# seesaw.cuh's events, as phases (from event i to event i + 1) of each consumer warp group
-WG0 = ("S: boxes landing", "S: last k-steps", "row max, MAX_A", "exp, P_a, P_A", "O_L += P_a V_a",
-       "P_B wait", "O_L += P_b V_b")
-WG1 = ("S: boxes landing", "S: last k-steps", "MAX_A wait", "exp, P_b, P_B", "P_A wait", "O_R += P_a V_a",
-       "O_R += P_b V_b")
-# produce.cuh's, per tile
-PRODUCER = ("EMPTY early wait", "early copies, EMPTY late wait", "late copies")
+# seesaw.cuh's events (numbered by meaning), as phases (event -> the next in the group's order)
+# of each consumer warp group; WG1's order depends on the plan's value_first
+WG0 = ((0, 1, "S: boxes landing"), (1, 2, "S: last k-steps"), (2, 3, "row max, MAX_A"), (3, 4, "exp, P_a, P_A"),
+       (4, 5, "O_L += P_a V_a"), (5, 6, "P_B wait"), (6, 7, "O_L += P_b V_b"))
+WG1 = ((0, 1, "S: boxes landing"), (1, 2, "S: last k-steps"), (2, 3, "MAX_A wait"), (3, 4, "exp, P_b, P_B"),
+       (4, 5, "P_A wait"), (5, 6, "O_R += P_a V_a"), (6, 7, "O_R += P_b V_b"))
+WG1_VALUE_FIRST = ((0, 3, "MAX_A wait"), (3, 5, "P_A wait"), (5, 6, "O_R += P_a V_a"), (6, 1, "S_b: boxes landing"),
+                   (1, 2, "S_b: last k-steps"), (2, 4, "exp, P_b, P_B"), (4, 7, "O_R += P_b V_b"))
+# produce.cuh's, per tile (4 and 5: the fp8 groups' conversions, where the tile has them)
+PRODUCER = ((0, 1, "EMPTY early wait"), (1, 2, "early copies, EMPTY late wait"), (2, 3, "late copies"),
+            (3, 6, "early landing"), (6, 4, "early conversion"), (4, 7, "late landing"), (7, 5, "late conversion"))
 
 
 def build(plan, cta: int, directory: Path) -> Path:
@@ -54,6 +59,12 @@ def check(call: str, status: int) -> None:
     cudaErrorInvalidValue, 1: ROLES, SLOTS or EVENTS out of step with core/trace.cuh)."""
     if status != 0:
         raise SystemExit(f"{call}: CUDA error {status}")
+
+
+def _field(text: str):
+    """FIELD=VALUE of --config: true/false as bools, else an int."""
+    name, _, value = text.partition("=")
+    return name, value == "true" if value in ("true", "false") else int(value)
 
 
 def gap(start, end):
@@ -75,10 +86,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--page", type=int)
     ap.add_argument("--cta", type=int, default=7, help="the block index traced")
+    ap.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a field of the plan's kernel config (an int or true/false), e.g. "
+                         "value_first=false: the trace of a lowering choice not taken")
     args = ap.parse_args(argv)
     spec = check_spec(Path(args.spec))
     spec = bench.variant(spec, args.heads or spec.heads_q, args.page or spec.page_size)
     plan = Kernel(spec).plan
+    if args.config:
+        plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, **dict(map(_field, args.config))))
     if plan.family != "hopper" or not plan.config.seesaw:
         raise SystemExit(f"{args.spec}: the trace reads the seesaw's events; this plan is "
                          f"{plan.family}{'' if plan.family != 'hopper' else ' (stacked)'}")
@@ -107,13 +123,14 @@ def main(argv=None) -> int:
     steady = [i for i in range(2, pairs - 2) if None not in w0[i] and None not in w1[i] and w0[i + 1][0] is not None]
     print(f"{spec.name} {cfg.label()} splits/parts {parts}: CTA {args.cta}, {pairs} pairs, {len(steady)} steady; "
           f"median cycles")
-    for name, wg, phases in (("WG0", w0, WG0), ("WG1", w1, WG1)):
-        cells = [f"{p} {median([gap(wg[i][e], wg[i][e + 1]) for i in steady])}" for e, p in enumerate(phases)]
+    wg1 = WG1_VALUE_FIRST if plan.config.value_first else WG1
+    for name, wg, phases in (("WG0", w0, WG0), ("WG1", w1, wg1)):
+        cells = [f"{p} {median([gap(wg[i][e], wg[i][f]) for i in steady])}" for e, f, p in phases]
         print(f"  {name}: " + " | ".join(cells) + f" | to the next pair {median([gap(wg[i][7], wg[i + 1][0]) for i in steady])}")
     print(f"  period (WG0's pair to pair) {median([gap(w0[i][0], w0[i + 1][0]) for i in steady])}")
     for half, name in ((0, "a"), (1, "b")):
-        cells = [f"{p} {median([gap(pr[2 * i + half][e], pr[2 * i + half][e + 1]) for i in steady])}"
-                 for e, p in enumerate(PRODUCER)]
+        cells = [f"{p} {median([gap(pr[2 * i + half][e], pr[2 * i + half][f]) for i in steady])}"
+                 for e, f, p in PRODUCER]
         print(f"  producer, tile {name}: " + " | ".join(cells))
     print("  issue -> landed: next a's late copies -> WG0's S landed "
           f"{median([gap(pr[2 * (i + 1)][2], w0[i + 1][1]) for i in steady])}; next b's late copies -> WG1's "

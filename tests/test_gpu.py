@@ -3,6 +3,7 @@
 Every example and the extra grid of tests/specs.py, batch {1, 3, 33}, lengths including
 0, 1, P, P+1 and long ones (split-KV), every s_q up to the spec's maximum; caches are
 NaN wherever no token was written, outputs poisoned before each run."""
+import dataclasses
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,7 +12,7 @@ import torch
 
 import attncc
 from attncc import storage, testing
-from attncc.ops import cache_list
+from attncc.ops import cache_list, op_for
 
 from specs import all_specs, without_crossover
 from support import no_host_sync
@@ -461,6 +462,32 @@ def test_crossover_on_and_off_give_the_same_bits(kernels, name):
             (on_out, on_lse), (off_out, off_lse) = (
                 kk.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens, case.indices,
                       k.spec.softmax_scale, splits) for kk in (k, off))
+            assert torch.equal(on_out, off_out) and torch.equal(on_lse, off_lse), (s_q, splits, lengths)
+            assert testing.compare(k.spec, case, on_out, on_lse).ok, (s_q, splits, lengths)
+
+
+PACED = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64"]  # the seesaw's fp8 plans without crossover
+
+
+@pytest.mark.parametrize("name", PACED)
+def test_the_producer_paced_order_gives_the_same_bits(kernels, name):
+    """value_first (WG1's products of tile a before S_b) and slots_ahead (the next tile's slots
+    loaded a tile ahead) reorder work, not sums: the outputs are bitwise those of the plan
+    without them, over forced splits and parts, with tokens without a slot."""
+    k = kernels[name]
+    cfg = k.plan.config
+    assert k.plan.family == "hopper" and cfg.value_first and cfg.slots_ahead, name
+    plain = dataclasses.replace(k.plan, config=dataclasses.replace(cfg, value_first=False, slots_ahead=False))
+    off = op_for(k.spec, plain, "_unpaced")
+    assert off.library().path != k.op.library().path  # its own build, not the cached paced one
+    rng = random.Random(name)
+    for s_q in range(1, k.spec.max_query_len + 1):
+        lengths = _lengths(k.spec, 5, rng)
+        case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
+        for splits in (0, 3, -7):  # chosen, 3 splits, 7 balanced parts
+            (on_out, on_lse), (off_out, off_lse) = (
+                op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens, case.indices,
+                   k.spec.softmax_scale, splits) for op in (k.op, off))
             assert torch.equal(on_out, off_out) and torch.equal(on_lse, off_lse), (s_q, splits, lengths)
             assert testing.compare(k.spec, case, on_out, on_lse).ok, (s_q, splits, lengths)
 

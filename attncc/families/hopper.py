@@ -78,6 +78,8 @@ class HopperConfig(KernelConfig):
     seesaw: bool              # two consumer warp groups split the output's columns (else stacked:
                               # each owns 64 rows, or alternate tiles of the same rows)
     crossover: bool           # clusters of two CTAs (row blocks 2i, 2i + 1) sharing the fp8 conversion
+    value_first: bool         # seesaw: WG1 takes O_R += P_a V_a before S_b (stage a free before b lands)
+    slots_ahead: bool         # the producer loads the next tile's page numbers / indices a tile ahead
     consumer_registers: int   # setmaxnreg of the consumer warp groups ...
     producer_registers: int   # ... and of the producer
     tma_rows: int             # tokens of one TMA copy of a box (tile_n: a tile of one page); 0: cp.async
@@ -286,6 +288,12 @@ class HopperFamily(Family):
         # the roles trade: the producer gives back what the consumers take
         registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
         out_cols = spec.d_v // 2 if seesaw else spec.d_v
+        # the seesaw's producer converting whole fp8 tiles by cp.async: it, not the products, sets
+        # the pace (bench/RESULTS.md sessions 19-21). Both choices below measured together on
+        # the H200 (session 21, same-process A/B, bitwise equal): sparse fp8 h_q 128 s_q 2 0.937
+        # of the time, s_q 1 0.943, h_q 64 0.949, fp8 dense 0.934; slots ahead alone 0.972 and
+        # 0.985; on MLA bf16 page 1 (a cp.async plan, products set the pace) 1.014 / 1.000
+        converts = seesaw and layout.fp8 and not crossover and tma_rows == 0
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
             seesaw_why = ("`seesaw`" if sched.seesaw else
@@ -309,6 +317,15 @@ class HopperFamily(Family):
              "copying it into the peer's stage (DSMEM)" if crossover else
              "not chosen: each CTA converts its tiles' fp8 runs itself (crossover measured slower, "
              "H200: 1.05-1.14x its time)" if layout.fp8 else "no fp8 run to share"),
+            ("value_first", "the producer's fp8 conversion sets the pace: WG1 takes O_R += P_a V_a "
+             "before S_b, so stage a's late boxes are free before tile b lands" if converts else
+             "not with `crossover` (not measured there)" if crossover else
+             "not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)" if seesaw else
+             "seesaw only"),
+            ("slots_ahead", "the next tile's page numbers / indices loaded while the producer fills "
+             "this one (a round trip before each tile's copies otherwise)" if converts else
+             "not with `crossover` (each producer's tokens rotate by its rank)" if crossover else
+             "not chosen: the producer does not set the pace" + ("" if seesaw else " (stacked)")),
             ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
             ("consumer_registers", f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
              "spills (ptxas)" + ("" if seesaw else "; 216 leaves the fp8 producer 72" if layout.fp8
@@ -328,6 +345,7 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, seesaw=seesaw, crossover=crossover,
+            value_first=converts, slots_ahead=converts,
             consumer_registers=CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
             producer_registers=PRODUCER_REGISTERS if seesaw or layout.fp8 else STACKED_PRODUCER_REGISTERS,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,

@@ -60,6 +60,8 @@ struct Config {
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kSeesaw = true;  // `seesaw`
   static constexpr bool kCrossover = false;  // no fp8 run to share
+  static constexpr bool kValueFirst = false;  // not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)
+  static constexpr bool kSlotsAhead = false;  // not chosen: the producer does not set the pace
   static constexpr int kConsumerRegisters = 216;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async

@@ -60,6 +60,8 @@ struct Config {
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kSeesaw = true;  // chosen: a 512-wide value splits into two 256-column halves, one per consumer warp group
   static constexpr bool kCrossover = true;  // `crossover`: clusters of two CTAs (row blocks 2i, 2i + 1 of a kv head, one query token's rows), each producer converting half of every tile's fp8 tokens and copying it into the peer's stage (DSMEM)
+  static constexpr bool kValueFirst = false;  // not with `crossover` (not measured there)
+  static constexpr bool kSlotsAhead = false;  // not with `crossover` (each producer's tokens rotate by its rank)
   static constexpr int kConsumerRegisters = 216;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
   static constexpr int kTmaRows = 0;  // cp.async: sparse top-k, a tile's tokens are wherever its indices say

@@ -58,17 +58,47 @@ struct PieceTiles {
   }
 };
 
+// The raw slots of a cp.async plan's tiles a tile ahead (the plan's kSlotsAhead): the producer's
+// stream of tiles is consecutive within a piece, so while it fills tile t the loads of tile
+// t + 1's page numbers or indices are in flight (they were a round trip before each tile's
+// copies: ~1,100 cycles a tile of the sparse fp8 example's ~7,000, bench/RESULTS.md session
+// 21). Past the CTA's limit a slot is not loaded (paging.cuh: kPastEnd); below it, the slots of
+// the tile after the piece's last are loaded and not used.
+template <class Cfg>
+struct SlotsAhead {
+  static constexpr bool kOn = Cfg::kSlotsAhead;
+  static_assert(!kOn || (Cfg::kTmaRows == 0 && !Cfg::kCrossover), "slots ahead: every tile by cp.async, a CTA's own rows");
+  int raw[kOn ? TileTokens<Cfg>::kTok : 1];
+  __device__ __forceinline__ void start(const SlotSource& ss, int tile, int p) {
+    if constexpr (kOn) TileTokens<Cfg>::fetch_raw(ss, tile, p, raw);
+  }
+  // Tile `tile`'s slots into tt (its raw slots held since the last call), the next tile's fetched.
+  __device__ __forceinline__ void take(TileTokens<Cfg>& tt, const AttnccArgs& a, const SlotSource& ss, int tile, int p, int head,
+                                       uint32_t sbase) {
+    if constexpr (kOn) {
+      int next[TileTokens<Cfg>::kTok];
+      TileTokens<Cfg>::fetch_raw(ss, tile + 1, p, next);
+      tt.load_ahead(a, raw, tile, p, head, sbase);
+#pragma unroll
+      for (int k = 0; k < TileTokens<Cfg>::kTok; ++k) raw[k] = next[k];
+    } else {
+      tt.load(a, ss, tile, p, head, sbase);
+    }
+  }
+};
+
 // A tile's copies into stage `stage`: by TMA when the plan and the tile allow it (tm, its page
-// read ahead: tma_tile below), else by cp.async; trace_slot: its place in the CTA's stream.
+// read ahead: tma_tile below), else by cp.async (its slots from `ahead`); trace_slot: its place
+// in the CTA's stream.
 template <class Cfg>
 __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile,
                                              const TmaTile<Cfg>& tm, int head, uint32_t sbase, unsigned char* smem, int stage, int p,
-                                             int parity, int trace_slot) {
+                                             int parity, int trace_slot, SlotsAhead<Cfg>& ahead) {
   if constexpr (Cfg::kTmaRows > 0) {
     if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
   }
   TileTokens<Cfg> tt;
-  tt.load(a, ss, tile, p, head, sbase);
+  ahead.take(tt, a, ss, tile, p, head, sbase);
   fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity, trace_slot);
 }
 
@@ -99,6 +129,8 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
   ss.row = Cfg::kSparse ? a.indices + static_cast<long long>(w.seq) * Cfg::kTopK
                         : a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
   ss.limit = pt.cta_limit;
+  SlotsAhead<Cfg> ahead;
+  ahead.start(ss, w.tile_begin, p);
   if constexpr (T::kSeesaw) {
     TmaTile<Cfg> ta = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0), tb = tma_tile<Cfg>(a, ss, w.tile_begin + 1, pt.n_iter > 1);
     for (int it = 0; it < pt.n_iter; it += 2, ++pr.pairs) {
@@ -106,8 +138,8 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       const int sa = 2 * (pr.pairs % T::kSets), sb = sa + 1;
       const TmaTile<Cfg> na = tma_tile<Cfg>(a, ss, w.tile_begin + it + 2, it + 2 < pt.n_iter),
                          nb = tma_tile<Cfg>(a, ss, w.tile_begin + it + 3, it + 3 < pt.n_iter);
-      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs);
-      if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1);
+      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
+      if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
       pr.used(sa);
       if (has_b) pr.used(sb);
       ta = na, tb = nb;
@@ -118,7 +150,7 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       const int st = pr.stage;
       const TmaTile<Cfg> tm = next;
       next = tma_tile<Cfg>(a, ss, w.tile_begin + it + 1, it + 1 < pt.n_iter);
-      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1, pr.tiles);
+      produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1, pr.tiles, ahead);
       pr.used(st);
     }
   }

@@ -111,10 +111,28 @@ struct TileTokens {
   // kMine tokens' lines prefetched into L2 (prefetch_fp8).
   __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p, int head, uint32_t sbase) {
     shift = Cfg::kCrossover ? cluster_rank() * kMine * 16 : 0;
-    peer = Cfg::kCrossover ? peer_base(sbase) : 0;
     int raw[kTok];
 #pragma unroll
     for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + row(p, k));
+    resolve(a, raw, tile, p, head, sbase);
+  }
+
+  // Without crossover, the raw slots (page numbers or indices) of tile `tile`'s tokens of producer
+  // thread p: their loads, issued a tile ahead of resolve (kernel.cuh: produce), are in flight
+  // while the producer fills the tile before.
+  __device__ __forceinline__ static void fetch_raw(const SlotSource& ss, int tile, int p, int (&raw)[kTok]) {
+    static_assert(!Cfg::kCrossover, "a CTA's own rows");
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + p / 8 + 16 * k);
+  }
+  __device__ __forceinline__ void load_ahead(const AttnccArgs& a, const int (&raw)[kTok], int tile, int p, int head, uint32_t sbase) {
+    shift = 0;
+    resolve(a, raw, tile, p, head, sbase);
+  }
+
+  // ... and from them the slots (`shift` set).
+  __device__ __forceinline__ void resolve(const AttnccArgs& a, const int (&raw)[kTok], int tile, int p, int head, uint32_t sbase) {
+    peer = Cfg::kCrossover ? peer_base(sbase) : 0;
 #pragma unroll
     for (int k = 0; k < kTok; ++k) {
       const int slot = slot_from_raw<Cfg>(a, raw[k], tile * Cfg::kTileN + row(p, k));
@@ -209,8 +227,16 @@ struct TileTokens {
   // committed since, left in flight).
   template <int kFrom, int kTo, int kNewer>
   __device__ __forceinline__ void convert_boxes(uint32_t sbase, int stage, int p) const {
+    wait_boxes<kFrom, kTo, kNewer>();
+    convert_landed<kFrom, kTo>(sbase, stage, p);
+  }
+  template <int kFrom, int kTo, int kNewer>
+  __device__ __forceinline__ static void wait_boxes() {
+    if constexpr (has_fp8_box(kFrom, kTo)) cp_async_wait<kNewer>();  // this thread's raw chunks and scales (it alone reads them)
+  }
+  template <int kFrom, int kTo>
+  __device__ __forceinline__ void convert_landed(uint32_t sbase, int stage, int p) const {
     if constexpr (has_fp8_box(kFrom, kTo)) {
-      cp_async_wait<kNewer>();  // this thread's raw chunks and scales (it alone reads them)
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { convert_pair<decltype(run)::value>(sbase, stage, p, b); });
     }
   }
@@ -220,6 +246,12 @@ struct TileTokens {
   // with the peer as soon as it is converted).
   __host__ __device__ static constexpr bool issues_ahead() {
     return !Cfg::kCrossover && has_fp8_box(0, HopperTraits<Cfg>::kBoxes);
+  }
+
+  // The cp.async groups issue_boxes commits for a stage's early group of boxes and its late group.
+  __host__ __device__ static constexpr int early_groups() { return has_fp8_box(0, HopperTraits<Cfg>::kEarly) ? 1 : 0; }
+  __host__ __device__ static constexpr int late_groups() {
+    return has_fp8_box(HopperTraits<Cfg>::kEarly, HopperTraits<Cfg>::kBoxes) ? 1 : 0;
   }
 
   // f(run I, first box b) for each fp8 box pair of boxes [kFrom, kTo), run by run, a run's pairs
@@ -425,32 +457,55 @@ __device__ __forceinline__ void peer_free(uint32_t bar, uint32_t sbase, int pari
 // A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the
 // tensor maps): each group of boxes after its EMPTY wait (the release of the stage's previous
 // tile), the flags before the early group (stacked: the only one). fp8 tiles without crossover
-// (issues_ahead): both groups' copies issued, then each group converted, so the late group's
-// loads fly while the early group's wait; the EMPTY late wait before the early group's FULL
-// arrivals cannot deadlock: the stage's previous tile is released by consumers that need only
-// tiles before this one, all of them filled. Trace events (core/trace.cuh,
-// role 2, slot trace_slot: the tile in the CTA's stream): 0 the wait for EMPTY early begins, 1 it
-// ends, 2 EMPTY late's ends, 3 the copies are issued.
+// (issues_ahead): both groups' copies issued (issue_stage), then each group converted, so the
+// late group's loads fly while the early group's wait; the EMPTY late wait before the early
+// group's FULL arrivals cannot deadlock: the stage's previous tile is released by consumers that
+// need only tiles before this one, all of them filled. Trace events (core/trace.cuh, role 2, slot
+// trace_slot: the tile in the CTA's stream): 0 the wait for EMPTY early begins, 1 it ends, 2 EMPTY
+// late's ends, 3 the copies are issued, 4 the early group converted, 5 the late group (6 and 7:
+// their copies landed, convert_stage).
+template <class Cfg, class Tile, class From>
+__device__ __forceinline__ void issue_stage(const Tile& tile, const From& from, uint32_t sbase, unsigned char* smem, int stage, int head,
+                                            int p, int parity, int trace_slot) {
+  using T = HopperTraits<Cfg>;
+  static_assert(Tile::issues_ahead() && T::kEarly < T::kBoxes, "a tile whose copies are issued before any conversion");
+  ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
+  mbarrier_wait(T::empty_early(sbase, stage), parity);
+  ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
+  tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
+  tile.template issue_boxes<0, T::kEarly>(from, sbase, stage, head, p);
+  mbarrier_wait(T::empty_late(sbase, stage), parity);
+  ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
+  tile.template issue_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
+  ATTNCC_TRACE(p == 0, 2, trace_slot, 3);
+}
+
+// The conversion of a tile's group of boxes [kFrom, kTo) (issue_stage issued its copies), kNewer
+// cp.async groups committed after it left in flight; trace events `event` + 2 once its copies
+// have landed (the early group's 6, the late's 7) and `event` once it is converted.
+template <class Cfg, int kFrom, int kTo, int kNewer, class Tile>
+__device__ __forceinline__ void convert_stage(const Tile& tile, uint32_t sbase, int stage, int p, int trace_slot, int event) {
+  tile.template wait_boxes<kFrom, kTo, kNewer>();
+  ATTNCC_TRACE(p == 0, 2, trace_slot, event + 2);
+  tile.template convert_landed<kFrom, kTo>(sbase, stage, p);
+  ATTNCC_TRACE(p == 0, 2, trace_slot, event);
+}
+
 template <class Cfg, class Tile, class From>
 __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, uint32_t sbase, unsigned char* smem, int stage, int head,
                                            int p, int parity, int trace_slot) {
   using T = HopperTraits<Cfg>;
+  if constexpr (T::kEarly < T::kBoxes && Tile::issues_ahead()) {
+    issue_stage<Cfg>(tile, from, sbase, smem, stage, head, p, parity, trace_slot);
+    convert_stage<Cfg, 0, T::kEarly, Tile::late_groups()>(tile, sbase, stage, p, trace_slot, 4);
+    convert_stage<Cfg, T::kEarly, T::kBoxes, 0>(tile, sbase, stage, p, trace_slot, 5);
+    return;
+  }
   ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
   mbarrier_wait(T::empty_early(sbase, stage), parity);
   if constexpr (T::kCrossover) peer_free(T::peer_free_early(sbase, stage), sbase, parity, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
   tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
-  if constexpr (T::kEarly < T::kBoxes && Tile::issues_ahead()) {
-    // the late group's copies in flight before the early group's wait for memory and conversion
-    tile.template issue_boxes<0, T::kEarly>(from, sbase, stage, head, p);
-    mbarrier_wait(T::empty_late(sbase, stage), parity);
-    ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
-    tile.template issue_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
-    tile.template convert_boxes<0, T::kEarly, Tile::has_fp8_box(T::kEarly, T::kBoxes) ? 1 : 0>(sbase, stage, p);
-    tile.template convert_boxes<T::kEarly, T::kBoxes, 0>(sbase, stage, p);
-    ATTNCC_TRACE(p == 0, 2, trace_slot, 3);
-    return;
-  }
   tile.template copy_boxes<0, T::kEarly>(from, sbase, stage, head, p);
   if constexpr (T::kEarly < T::kBoxes) {
     mbarrier_wait(T::empty_late(sbase, stage), parity);

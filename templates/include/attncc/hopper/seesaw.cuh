@@ -26,6 +26,16 @@
 // stage's late group is released by both groups (EMPTY late counts 256): WG1 for the value's
 // right half, WG0 for stage 1's P box (it reads P_b there) and, for symmetry, stage 0's.
 //
+// Value first (the plan's kValueFirst, where the fp8 producer sets the pace): WG1 takes its
+// products of tile a before S_b, as soon as MAX_A and P_A are handed:
+//
+//   WG1: O_R = O_R c_a + P_a V_a[:, R] (SS); release stage 0 (late); S_b = Q K_b^T; m_b, c_b;
+//        P_b, c_b, m_b -> shared (P_B); O_R = O_R c_b + P_b V_b[:, R] (RS); release 1
+//
+// the same sums in the same order (O_R's rescales by c_a and c_b around P_a V_a, l_R's by both),
+// so the outputs are bitwise those of the order above; stage 0 is free before tile b lands, and
+// the producer, which now waits for nothing else, refills it right after converting b.
+//
 // MAX_A, P_B and P_A are mbarriers (traits.cuh): the handing group's 128 threads arrive
 // (release), the other group waits on the pair's phase (acquire), so the shared row state and P
 // pass between the groups by a handoff compute-sanitizer's racecheck can follow (it does not
@@ -36,9 +46,9 @@
 // group writes its half: out = O / l, lse = (m + log2 l) ln 2, or the partials.
 //
 // Trace events (core/trace.cuh; bench/clock_trace.py), per pair, thread 0 of each group: 0 the pair's
-// start, 1 S's boxes landed, 2 S done, 3 the row maxima handed (WG0) or taken (WG1), 4 P handed,
-// 5 WG0: O_L += P_a V_a done / WG1: P_A taken, 6 WG0: P_B taken / WG1: O_R += P_a V_a done, 7 the
-// pair's last product done.
+// start, 1 S's boxes landed, 2 S done, 3 the row maxima handed (WG0) or
+// taken (WG1), 4 P handed, 5 WG0: O_L += P_a V_a done / WG1: P_A taken, 6 WG0: P_B taken / WG1:
+// O_R += P_a V_a done, 7 the pair's last product done (value first, WG1: 0 3 5 6 1 2 4 7 in time).
 //
 // Scores are masked (-inf) past each row's causal limit and for tokens without a slot (the
 // producer's flags); a fully masked row keeps m = -inf and P = 0. P goes into the key-only box
@@ -174,6 +184,61 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         pv_ss<Cfg>(o, p_box_b, T::stage_box(sbase, sb, 0));  // O_L += P_b V_b[:, L]
         ATTNCC_TRACE(t == 0, 0, pr.pairs, 7);
         mbarrier_arrive(T::empty_early(sbase, sb));
+        mbarrier_arrive(T::empty_late(sbase, sb));
+      }
+    } else if constexpr (Cfg::kValueFirst) {
+      // WG1, value first: O_R c_a + P_a V_a[:, R] as soon as P_a is handed, which releases stage
+      // a's late boxes before tile b lands (the producer refills a while it converts b); then S_b.
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 0);
+      mbarrier_wait(T::max_a(sbase), pair);  // MAX_A
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 3);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m[h] = rs.m(f.r + 8 * h);  // m_a
+        ca[h] = rs.ca(f.r + 8 * h);
+      }
+      scale_rows(o, ca);
+      mbarrier_wait(T::p_a(sbase), pair);  // P_A
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 5);
+      pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kOut));  // O_R += P_a V_a[:, R]
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 6);
+      mbarrier_arrive(T::empty_late(sbase, sa));
+      if (has_b) {
+        const int parity = pr.parity(sb);
+        scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sb, parity, pr.pairs);
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 2);
+        mbarrier_wait(T::flags_bar(sbase, sb), parity);
+        mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
+                          sbase + T::stage_flags(sb));
+      } else {
+        mx[0] = mx[1] = -INFINITY;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], mx[h] * c);
+        cb[h] = rescale_factor(m[h], m_new);
+        m[h] = m_new;
+      }
+      if (has_b) {
+        exponentiate<Cfg>(s, m, c, sum);
+        store_p<Cfg>(p_box_b, s, f);
+        pack_p<Cfg>(s, pa);
+      } else {
+        sum[0] = sum[1] = 0.f;
+      }
+      __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l[h] = l[h] * ca[h] * cb[h] + sum[h];
+        if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
+      }
+      fence_async_shared();
+      mbarrier_arrive(T::p_b(sbase));  // P_B
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 4);
+      scale_rows(o, cb);
+      if (has_b) {
+        pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kOut));  // O_R += P_b V_b[:, R]
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 7);
         mbarrier_arrive(T::empty_late(sbase, sb));
       }
     } else {
