@@ -54,6 +54,7 @@ def _expected(raw: torch.Tensor, scales: torch.Tensor, fp8, elem) -> torch.Tenso
     return (values * scales[:, None]).to(elem).view(-1)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                     reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("fp8_name", sorted(FP8))
