@@ -9,6 +9,7 @@ in random order) through the same AttnccArgs; each round times one call of A and
 goes first. With --spec-b, B is driven by that spec's plan (its split policy and workspace: a
 build of another schedule of the same cache layout, e.g. `seesaw` on or off). Prints the median of each, the ratio, whether the outputs are bitwise equal, and
 each build's outputs checked against attncc.reference on three sequences of the call.
+--heads and --page, if given, must be SPEC's own (the libraries are its builds).
 Each library is driven through the AttnccArgs of its own ABI version (1, from before strides
 and device flags, or today's), so builds from before a version change can be compared."""
 from __future__ import annotations
@@ -111,7 +112,13 @@ def main(argv=None) -> int:
 
     def variant(path):
         s = check_spec(Path(path))
-        return bench.variant(s, args.heads or s.heads_q, args.page or s.page_size)
+        # A.so and B.so are builds of the spec as written: driving them at other heads or another
+        # page size gives timings of garbage (session 20 ran an h_q 128 build at 64 heads)
+        for knob, given, built in (("--heads", args.heads, s.heads_q), ("--page", args.page, s.page_size)):
+            if given is not None and given != built:
+                raise SystemExit(f"{knob} {given}: {path} has {built}, and the libraries are its builds; "
+                                 "write a spec with that value and build both from it")
+        return s
 
     spec = variant(args.spec)
     spec_b = variant(args.spec_b) if args.spec_b else spec
