@@ -444,6 +444,22 @@ def test_an_out_of_range_sparse_index_is_never_read_and_is_flagged(kernels, name
         k.check()
 
 
+def _assert_same_bits(k, op_a, op_b, seed):
+    """Two ops of k's spec give bitwise equal outputs, both right against the reference: every
+    s_q, 5 sequences of special lengths (tokens without a slot), the chosen split count, 3
+    forced splits and 7 balanced parts."""
+    rng = random.Random(seed)
+    for s_q in range(1, k.spec.max_query_len + 1):
+        lengths = _lengths(k.spec, 5, rng)
+        case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
+        for splits in (0, 3, -7):  # chosen, 3 splits, 7 balanced parts
+            (a_out, a_lse), (b_out, b_lse) = (
+                op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens, case.indices,
+                   k.spec.softmax_scale, splits) for op in (op_a, op_b))
+            assert torch.equal(a_out, b_out) and torch.equal(a_lse, b_lse), (s_q, splits, lengths)
+            assert testing.compare(k.spec, case, a_out, a_lse).ok, (s_q, splits, lengths)
+
+
 @pytest.mark.parametrize("name", ["mla_fp8_sparse", "mla_fp8_crossover"])
 def test_crossover_on_and_off_give_the_same_bits(kernels, name):
     """The cluster's CTAs convert half of each tile each and share it; without crossover each
@@ -454,16 +470,7 @@ def test_crossover_on_and_off_give_the_same_bits(kernels, name):
     text = open(SPECS[name]).read() if SPECS[name].endswith(".attn") else SPECS[name]
     off = attncc.compile(without_crossover(text, f"{name}_off"))
     assert off.plan.family == "hopper" and not off.plan.config.crossover
-    rng = random.Random(name)
-    for s_q in range(1, k.spec.max_query_len + 1):
-        lengths = _lengths(k.spec, 5, rng)
-        case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
-        for splits in (0, 3, -7):  # chosen, 3 splits, 7 balanced parts
-            (on_out, on_lse), (off_out, off_lse) = (
-                kk.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens, case.indices,
-                      k.spec.softmax_scale, splits) for kk in (k, off))
-            assert torch.equal(on_out, off_out) and torch.equal(on_lse, off_lse), (s_q, splits, lengths)
-            assert testing.compare(k.spec, case, on_out, on_lse).ok, (s_q, splits, lengths)
+    _assert_same_bits(k, k.op, off.op, name)
 
 
 PACED = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64"]  # the seesaw's fp8 plans without crossover
@@ -480,16 +487,7 @@ def test_the_producer_paced_order_gives_the_same_bits(kernels, name):
     plain = dataclasses.replace(k.plan, config=dataclasses.replace(cfg, value_first=False, slots_ahead=False))
     off = op_for(k.spec, plain, "_unpaced")
     assert off.library().path != k.op.library().path  # its own build, not the cached paced one
-    rng = random.Random(name)
-    for s_q in range(1, k.spec.max_query_len + 1):
-        lengths = _lengths(k.spec, 5, rng)
-        case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
-        for splits in (0, 3, -7):  # chosen, 3 splits, 7 balanced parts
-            (on_out, on_lse), (off_out, off_lse) = (
-                op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens, case.indices,
-                   k.spec.softmax_scale, splits) for op in (k.op, off))
-            assert torch.equal(on_out, off_out) and torch.equal(on_lse, off_lse), (s_q, splits, lengths)
-            assert testing.compare(k.spec, case, on_out, on_lse).ok, (s_q, splits, lengths)
+    _assert_same_bits(k, k.op, off, name)
 
 
 def test_attncc_check_raises_before_the_launch(kernels, monkeypatch):
