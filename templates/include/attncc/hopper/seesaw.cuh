@@ -186,110 +186,95 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         mbarrier_arrive(T::empty_early(sbase, sb));
         mbarrier_arrive(T::empty_late(sbase, sb));
       }
-    } else if constexpr (Cfg::kValueFirst) {
-      // WG1, value first: O_R c_a + P_a V_a[:, R] as soon as P_a is handed, which releases stage
-      // a's late boxes before tile b lands (the producer refills a while it converts b); then S_b.
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 0);
-      mbarrier_wait(T::max_a(sbase), pair);  // MAX_A
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 3);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        m[h] = rs.m(f.r + 8 * h);  // m_a
-        ca[h] = rs.ca(f.r + 8 * h);
-      }
-      scale_rows(o, ca);
-      mbarrier_wait(T::p_a(sbase), pair);  // P_A
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 5);
-      pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kOut));  // O_R += P_a V_a[:, R]
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 6);
-      mbarrier_arrive(T::empty_late(sbase, sa));
-      if (has_b) {
-        const int parity = pr.parity(sb);
-        scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sb, parity, pr.pairs);
-        ATTNCC_TRACE(t == 0, 1, pr.pairs, 2);
-        mbarrier_wait(T::flags_bar(sbase, sb), parity);
-        mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
-                          sbase + T::stage_flags(sb));
-      } else {
-        mx[0] = mx[1] = -INFINITY;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[h], mx[h] * c);
-        cb[h] = rescale_factor(m[h], m_new);
-        m[h] = m_new;
-      }
-      if (has_b) {
-        exponentiate<Cfg>(s, m, c, sum);
-        store_p<Cfg>(p_box_b, s, f);
-        pack_p<Cfg>(s, pa);
-      } else {
-        sum[0] = sum[1] = 0.f;
-      }
-      __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l[h] = l[h] * ca[h] * cb[h] + sum[h];
-        if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
-      }
-      fence_async_shared();
-      mbarrier_arrive(T::p_b(sbase));  // P_B
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 4);
-      scale_rows(o, cb);
-      if (has_b) {
-        pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kOut));  // O_R += P_b V_b[:, R]
-        ATTNCC_TRACE(t == 0, 1, pr.pairs, 7);
-        mbarrier_arrive(T::empty_late(sbase, sb));
-      }
     } else {
-      if (has_b) {
-        const int parity = pr.parity(sb);
-        ATTNCC_TRACE(t == 0, 1, pr.pairs, 0);
-        scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sb, parity, pr.pairs);
-        ATTNCC_TRACE(t == 0, 1, pr.pairs, 2);
-        mbarrier_wait(T::flags_bar(sbase, sb), parity);
-        mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
-                          sbase + T::stage_flags(sb));
-      } else {
-        mx[0] = mx[1] = -INFINITY;
-      }
-      mbarrier_wait(T::max_a(sbase), pair);  // MAX_A
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 3);
+      // WG1's steps, in either order below
+      auto scores_b = [&]() {  // S_b and its row maxima
+        if (has_b) {
+          const int parity = pr.parity(sb);
+          scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sb, parity, pr.pairs);
+          ATTNCC_TRACE(t == 0, 1, pr.pairs, 2);
+          mbarrier_wait(T::flags_bar(sbase, sb), parity);
+          mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it + 1) * Cfg::kTileN, full_limit, row_limit,
+                            sbase + T::stage_flags(sb));
+        } else {
+          mx[0] = mx[1] = -INFINITY;
+        }
+      };
+      auto take_max_a = [&]() {  // m_a and c_a, handed by WG0
+        mbarrier_wait(T::max_a(sbase), pair);  // MAX_A
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 3);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_a = rs.m(f.r + 8 * h);
-        ca[h] = rs.ca(f.r + 8 * h);
-        const float m_new = fmaxf(m_a, mx[h] * c);
-        cb[h] = rescale_factor(m_a, m_new);
-        m[h] = m_new;
-      }
-      __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
-      if (has_b) {
-        exponentiate<Cfg>(s, m, c, sum);
-        store_p<Cfg>(p_box_b, s, f);
-        pack_p<Cfg>(s, pa);
-      } else {
-        sum[0] = sum[1] = 0.f;
-      }
+        for (int h = 0; h < 2; ++h) {
+          m[h] = rs.m(f.r + 8 * h);  // m_a
+          ca[h] = rs.ca(f.r + 8 * h);
+        }
+      };
+      auto rescale_b = [&]() {  // m_b = max(m_a, rowmax S_b c), c_b
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l[h] = l[h] * ca[h] * cb[h] + sum[h];
-        if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
-      }
-      fence_async_shared();
-      mbarrier_arrive(T::p_b(sbase));  // P_B
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 4);
-      scale_rows(o, ca);
-      mbarrier_wait(T::p_a(sbase), pair);  // P_A
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 5);
-      pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kOut));  // O_R += P_a V_a[:, R]
-      ATTNCC_TRACE(t == 0, 1, pr.pairs, 6);
-      mbarrier_arrive(T::empty_late(sbase, sa));
-      scale_rows(o, cb);
-      if (has_b) {
-        pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kOut));  // O_R += P_b V_b[:, R]
-        ATTNCC_TRACE(t == 0, 1, pr.pairs, 7);
-        mbarrier_arrive(T::empty_late(sbase, sb));
+        for (int h = 0; h < 2; ++h) {
+          const float m_new = fmaxf(m[h], mx[h] * c);
+          cb[h] = rescale_factor(m[h], m_new);
+          m[h] = m_new;
+        }
+      };
+      auto p_b = [&]() {  // P_b into its box and packed for O_R += P_b V_b
+        if (has_b) {
+          exponentiate<Cfg>(s, m, c, sum);
+          store_p<Cfg>(p_box_b, s, f);
+          pack_p<Cfg>(s, pa);
+        } else {
+          sum[0] = sum[1] = 0.f;
+        }
+      };
+      auto hand_p_b = [&]() {  // l_R; m_b, c_b and P_b to WG0
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          l[h] = l[h] * ca[h] * cb[h] + sum[h];
+          if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
+        }
+        fence_async_shared();
+        mbarrier_arrive(T::p_b(sbase));  // P_B
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 4);
+      };
+      auto pv_a = [&]() {  // O_R += P_a V_a[:, R], then stage a's late boxes released
+        mbarrier_wait(T::p_a(sbase), pair);  // P_A
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 5);
+        pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kOut));
+        ATTNCC_TRACE(t == 0, 1, pr.pairs, 6);
+        mbarrier_arrive(T::empty_late(sbase, sa));
+      };
+      auto pv_b = [&]() {  // O_R += P_b V_b[:, R], then stage b's late boxes released
+        if (has_b) {
+          pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kOut));
+          ATTNCC_TRACE(t == 0, 1, pr.pairs, 7);
+          mbarrier_arrive(T::empty_late(sbase, sb));
+        }
+      };
+      ATTNCC_TRACE(t == 0, 1, pr.pairs, 0);
+      if constexpr (Cfg::kValueFirst) {
+        // O_R c_a + P_a V_a[:, R] as soon as P_a is handed, which releases stage a's late boxes
+        // before tile b lands (the producer refills a while it converts b); then S_b
+        take_max_a();
+        scale_rows(o, ca);
+        pv_a();
+        scores_b();
+        rescale_b();
+        p_b();
+        __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
+        hand_p_b();
+        scale_rows(o, cb);
+        pv_b();
+      } else {
+        scores_b();
+        take_max_a();
+        rescale_b();
+        __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
+        p_b();
+        hand_p_b();
+        scale_rows(o, ca);
+        pv_a();
+        scale_rows(o, cb);
+        pv_b();
       }
     }
     pr.used(sa);
