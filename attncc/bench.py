@@ -179,17 +179,27 @@ def inputs(spec: Spec, cfg: Config, device="cuda", seed: int = 0) -> testing.Cas
     _fill(spec, cache, pages * P, device, gen)
     q = torch.randn(cfg.batch, cfg.s_q, spec.heads_q, spec.d_k, device=device, generator=gen)
     q = q.to(storage.torch_dtype(spec.elem))
-    if spec.sparse:  # distinct slots per query: an arithmetic progression, stride coprime
-        n = pages * P
-        stride = next(s for s in range(n // spec.topk or 1, n) if math.gcd(s, n) == 1)
-        base = torch.randint(0, n, (cfg.batch, cfg.s_q, 1), device=device, generator=gen)
-        steps = torch.arange(spec.topk, device=device) * stride
-        indices = ((base + steps) % n).to(torch.int32)
-        return testing.Case(q, cache, None, None, indices)
     order = torch.randperm(pages, device=device, generator=gen).to(torch.int32)
     table = order.view(cfg.batch, pages_per_seq)
+    if spec.sparse:
+        return testing.Case(q, cache, None, None, _topk_slots(spec, cfg, table, gen))
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
     return testing.Case(q, cache, table, seqlens, None)
+
+
+def _topk_slots(spec: Spec, cfg: Config, table: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A sparse call's indices as a top-k selection makes them (and as .peers/sparse_fp8.py
+    measures FlashMLA): each query's topk distinct positions of its own sequence, in random
+    order, mapped through the sequence's pages (in random order) to cache slots; -1 past the
+    sequence's length when it is shorter than topk."""
+    P, L, k = spec.page_size, cfg.seqlen, spec.topk
+    keys = torch.rand(cfg.batch, cfg.s_q, L, device=table.device, generator=gen)
+    pos = keys.argsort(-1)[..., :k]                                   # distinct, random order
+    b = torch.arange(cfg.batch, device=table.device).view(-1, 1, 1)
+    slots = table.long()[b, pos // P] * P + pos % P
+    if k > L:
+        slots = torch.cat([slots, slots.new_full((cfg.batch, cfg.s_q, k - L), -1)], -1)
+    return slots.to(torch.int32)
 
 
 def _subset(case: testing.Case, rows: list[int]) -> testing.Case:

@@ -53,3 +53,26 @@ def test_ragged_sparse_spec_is_refused(capsys):
 def test_bench_without_gpu_says_so(capsys):
     rc, err = _run(capsys, "bench", str(REPO / "examples" / "mla.attn"), "--ragged")
     assert rc == 2 and "needs a CUDA GPU" in err
+
+
+@pytest.mark.parametrize("seqlen", [300, 4096])
+def test_sparse_inputs_are_each_querys_topk_of_its_own_sequence(seqlen):
+    """bench's sparse indices are made as a top-k selection makes them (and as FlashMLA is
+    measured): distinct positions of the query's own sequence, in random order, through its
+    pages; -1 only where the sequence is shorter than topk."""
+    spec = check_spec(REPO / "examples" / "mla_fp8_sparse.attn")
+    cfg = bench.Config(3, 2, 128, seqlen, spec.page_size)
+    case = bench.inputs(spec, cfg, device="cpu")
+    pages = case.cache.shape[0] // cfg.batch
+    for b in range(cfg.batch):
+        for t in range(cfg.s_q):
+            idx = case.indices[b, t]
+            valid = idx[idx >= 0]
+            assert len(valid) == min(seqlen, spec.topk) and (idx[len(valid):] == -1).all()
+            assert len(set(valid.tolist())) == len(valid)
+            # every slot is in a page of this sequence's own: the pages are a permutation, so
+            # sequence b's positions land in len(pages) distinct pages, none shared across b
+            assert len(set((valid // spec.page_size).tolist())) <= pages
+            assert not (valid[1:] > valid[:-1]).all()  # not sorted
+    seqs = [set((case.indices[b][case.indices[b] >= 0] // spec.page_size).tolist()) for b in range(cfg.batch)]
+    assert all(not (seqs[i] & seqs[j]) for i in range(cfg.batch) for j in range(i + 1, cfg.batch))
