@@ -117,6 +117,10 @@ EXTRA = {
     # page 5 (examples/mla_fp8_sparse.attn: e4m3 per 128, page 64, h_q 128)
     "mla_fp8_page1_h64": mla(page=1, heads=64).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 64")
                                              .replace("mla_p1_h64", "mla_fp8_page1_h64"),
+    # ... and dense e4m3 per 128 at page 16 (a scale a box pair: one scale word a token and
+    # pair, produce.cuh's one_scale_a_pair)
+    "mla_fp8_per128_h64": mla(page=16, heads=64).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 128")
+                                                .replace("mla_p16_h64", "mla_fp8_per128_h64"),
     "gla_fp8_e5m2": gla("gla_fp8_e5m2", heads=128, kv=2, page=16).replace(
         "latent: bf16[256]", "latent: e5m2[256] scale fp32 per 32"),
     "sparse_fp8_h64": """attention sparse_fp8_h64 {

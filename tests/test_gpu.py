@@ -78,7 +78,7 @@ def test_matches_reference(kernels, name, batch):
 
 
 @pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64",
-                                        "mla_fp8_page1_h64", "gla_fp8_e5m2", "sparse_fp8_h64",
+                                        "mla_fp8_page1_h64", "mla_fp8_per128_h64", "gla_fp8_e5m2", "sparse_fp8_h64",
                                         "mla_fp8_crossover", "sparse_fp8_h128"]))
 @pytest.mark.parametrize("splits", [1, 2, 7])
 def test_forced_split_counts(kernels, name, splits):
@@ -123,7 +123,7 @@ def _check_on_parts(k, lengths, parts, seed):
 
 
 @pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64",
-                                        "mla_fp8_page1_h64", "gla_fp8_e5m2", "sparse_fp8_h64",
+                                        "mla_fp8_page1_h64", "mla_fp8_per128_h64", "gla_fp8_e5m2", "sparse_fp8_h64",
                                         "mla_fp8_crossover", "sparse_fp8_h128"]))
 @pytest.mark.parametrize("parts", [1, 2, 5, 64])
 def test_forced_part_counts(kernels, name, parts):
@@ -134,7 +134,7 @@ def test_forced_part_counts(kernels, name, parts):
 
 
 @pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64",
-                                        "mla_fp8_page1_h64", "gla_fp8_e5m2", "sparse_fp8_h64",
+                                        "mla_fp8_page1_h64", "mla_fp8_per128_h64", "gla_fp8_e5m2", "sparse_fp8_h64",
                                         "mla_fp8_crossover", "sparse_fp8_h128"]))
 @pytest.mark.parametrize("batch", [16, 31, 32])
 def test_uniform_batch_on_33_parts(kernels, name, batch):
@@ -473,7 +473,7 @@ def test_crossover_on_and_off_give_the_same_bits(kernels, name):
     _assert_same_bits(k, k.op, off.op, name)
 
 
-PACED = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64"]  # the seesaw's fp8 plans without crossover
+PACED = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64", "mla_fp8_crossover"]  # the seesaw's fp8 plans
 
 
 @pytest.mark.parametrize("name", PACED)

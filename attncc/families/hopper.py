@@ -33,12 +33,13 @@ by cp.async into the stage, then core/dequant.cuh's exact conversion in place, i
 swizzled boxes; both groups of a stage in flight before either is converted, one round trip
 to memory a stage); both go by cp.async, not TMA.
 `crossover` runs the CTAs in clusters of two, row blocks 2i and 2i + 1 of a kv head, which read
-the same tokens: each producer converts half of every tile's fp8 tokens and copies its half of
-each box into the peer's stage (distributed shared memory, a bulk copy a box), so each value is
-converted once per cluster (hopper/cluster.cuh, produce.cuh). Applied where written, never
-chosen: on the H200 it has measured slower than each CTA converting its own tiles (the
-producer waits for memory once a group of boxes whatever it converts, and the pair's coupling
-costs more than the halved conversion saves: bench/RESULTS.md, session 19). It needs fp8
+the same tokens: each producer converts half of every tile's fp8 tokens and stores each chunk
+it converts (or copies) into the peer's stage too (distributed shared memory, st.async), so each
+value is converted once per cluster (hopper/cluster.cuh, produce.cuh). Applied where written,
+never chosen: on the H200 it has measured slower than each CTA converting its own tiles (1.11-
+1.18x the time, bench/RESULTS.md sessions 19 and 22: the remote stores cost about what the
+halved conversion saves, and with a stage pair each producer then also waits for the other
+CTA's consumers). It needs fp8
 runs, the seesaw's 64-row CTAs and a group of a multiple of 128 query heads (a pair of row
 blocks is then one query token's: the same causal limit); a knob it cannot apply is a
 positioned error. What the family does not
@@ -293,7 +294,7 @@ class HopperFamily(Family):
         # the H200 (session 21, same-process A/B, bitwise equal): sparse fp8 h_q 128 s_q 2 0.937
         # of the time, s_q 1 0.943, h_q 64 0.949, fp8 dense 0.934; slots ahead alone 0.972 and
         # 0.985; on MLA bf16 page 1 (a cp.async plan, products set the pace) 1.014 / 1.000
-        converts = seesaw and layout.fp8 and not crossover and tma_rows == 0
+        converts = seesaw and layout.fp8 and tma_rows == 0
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
             seesaw_why = ("`seesaw`" if sched.seesaw else
@@ -314,17 +315,15 @@ class HopperFamily(Family):
             ("seesaw", seesaw_why),
             ("crossover", "`crossover`: clusters of two CTAs (row blocks 2i, 2i + 1 of a kv head, one "
              "query token's rows), each producer converting half of every tile's fp8 tokens and "
-             "copying it into the peer's stage (DSMEM)" if crossover else
+             "storing it into the peer's stage too (DSMEM)" if crossover else
              "not chosen: each CTA converts its tiles' fp8 runs itself (crossover measured slower, "
-             "H200: 1.05-1.14x its time)" if layout.fp8 else "no fp8 run to share"),
+             "H200: 1.11-1.18x its time)" if layout.fp8 else "no fp8 run to share"),
             ("value_first", "the producer's fp8 conversion sets the pace: WG1 takes O_R += P_a V_a "
              "before S_b, so stage a's late boxes are free before tile b lands" if converts else
-             "not with `crossover` (not measured there)" if crossover else
              "not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)" if seesaw else
              "seesaw only"),
             ("slots_ahead", "the next tile's page numbers / indices loaded while the producer fills "
              "this one (a round trip before each tile's copies otherwise)" if converts else
-             "not with `crossover` (each producer's tokens rotate by its rank)" if crossover else
              "not chosen: the producer does not set the pace" + ("" if seesaw else " (stacked)")),
             ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
             ("consumer_registers", f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "

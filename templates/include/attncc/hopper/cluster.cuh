@@ -1,11 +1,9 @@
-// attncc/hopper/cluster.cuh: a 2-CTA cluster's primitives (PTX ISA 9.7.13.15 mbarrier at
-// .cluster scope, 9.7.9.25 cp.async.bulk, 9.7.9.18 mapa, 9.7.13.1 barrier.cluster), one function
-// per instruction: what the crossover schedule (produce.cuh) shares dequantized tiles with.
+// attncc/hopper/cluster.cuh: a 2-CTA cluster's primitives (PTX ISA: mbarrier at .cluster
+// scope, st.async, mapa, barrier.cluster), one function per instruction: what the crossover schedule (produce.cuh) shares dequantized tiles with.
 //
 //   the peer's address:   peer_base(sbase) + offset (the same offset in the peer CTA's shared memory)
-//   a copy into the peer:  bulk_copy_to_peer(peer dst, src, bytes, peer FULL): by the bulk-copy
-//                          engine, counted on the peer's barrier as transaction bytes when they
-//                          land
+//   a store into the peer: st_async_16(peer dst, 16 bytes, peer FULL): counted on the peer's
+//                          barrier as transaction bytes when they land
 //   an arrival there:     mbarrier_arrive_peer(peer bar) (release, cluster)
 //   waits that see those: mbarrier_wait_cluster (acquire, cluster)
 //   the whole cluster:    cluster_sync() (every thread of both CTAs; after the barriers' inits,
@@ -36,25 +34,12 @@ __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
 // shared-memory base `sbase`: an offset from it addresses the same place in the peer.
 __device__ __forceinline__ uint32_t peer_base(uint32_t sbase) { return cluster_address(sbase, cluster_rank() ^ 1); }
 
-// `bytes` (a multiple of 16) of this CTA's shared memory at `src` into the peer's at `dst` (a
-// shared::cluster address), by the bulk-copy engine, counted as transaction bytes on the peer's
-// mbarrier `bar` when they land. The source must not change until the copy has read it
-// (bulk_wait_read, after bulk_commit).
-__device__ __forceinline__ void bulk_copy_to_peer(uint32_t dst, uint32_t src, int bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "r"(src),
-               "r"(bytes), "r"(bar)
+// 16 bytes into the peer's shared memory at `dst` (a shared::cluster address), counted as
+// transaction bytes on the peer's mbarrier `bar` (shared::cluster) when they land.
+__device__ __forceinline__ void st_async_16(uint32_t dst, const uint4& v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(dst), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
                : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until at most kPending of this thread's committed bulk groups have not yet read their sources.
-template <int kPending>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
-}
-// Until at most kPending of them are not complete.
-template <int kPending>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // An arrival on a barrier of the peer CTA (a shared::cluster address), releasing this thread's
@@ -64,7 +49,7 @@ __device__ __forceinline__ void mbarrier_arrive_peer(uint32_t bar) {
 }
 
 // Spin until phase `parity` of a barrier of this CTA has completed, acquiring at cluster scope
-// what the peer released into it (its bulk copies' bytes, its arrivals).
+// what the peer released into it (its stores' bytes, its arrivals).
 __device__ __forceinline__ void mbarrier_wait_cluster(uint32_t bar, int parity) {
   asm volatile(
       "{\n.reg .pred done;\n"

@@ -67,7 +67,7 @@ struct PieceTiles {
 template <class Cfg>
 struct SlotsAhead {
   static constexpr bool kOn = Cfg::kSlotsAhead;
-  static_assert(!kOn || (Cfg::kTmaRows == 0 && !Cfg::kCrossover), "slots ahead: every tile by cp.async, a CTA's own rows");
+  static_assert(!kOn || Cfg::kTmaRows == 0, "slots ahead: every tile by cp.async");
   int raw[kOn ? TileTokens<Cfg>::kTok : 1];
   __device__ __forceinline__ void start(const SlotSource& ss, int tile, int p) {
     if constexpr (kOn) TileTokens<Cfg>::fetch_raw(ss, tile, p, raw);
@@ -238,7 +238,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
     produce<Cfg>(args, maps, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, pr);
     cp_async_commit();
     cp_async_wait<0>();  // no copy in flight when the producer exits
-    if constexpr (Cfg::kCrossover) bulk_wait<0>();  // nor a bulk copy into the peer
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegisters>();
     Progress<Cfg::kStages> pr;
@@ -288,7 +287,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
                      [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, pr); });
     cp_async_commit();
     cp_async_wait<0>();
-    if constexpr (Cfg::kCrossover) bulk_wait<0>();
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegisters>();
     walk_pieces<Cfg>(args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,

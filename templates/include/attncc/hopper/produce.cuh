@@ -26,16 +26,16 @@
 // token's validity (the flags), but fills every box only for its half of the tile's tokens (each
 // thread's tokens taken in a rotated order, TileTokens::row, so that its first kTok / 2 are its
 // CTA's half: rank 0 rows [0, 32), rank 1 rows [32, 64), 4 KB contiguous in each box): fp8 runs
-// converted, 16-bit runs by cp.async, as without crossover. Once a group's half is stored (and
-// fenced for the async proxy, the producer at a named barrier), its thread 0 copies each box's
-// half into the peer's box by one bulk copy (DSMEM), counted as transaction bytes on the peer's
-// FULL of the box. So every fp8 value is converted once per cluster. A producer writes a stage's
-// group only when both CTAs' consumers have released it: after its own EMPTY wait its thread 0
-// arrives on the peer's PEER_FREE of the group, and it waits for its own PEER_FREE (the peer's
-// EMPTY, passed on) before the copies. A FULL completes with the own producer's 128 arrivals
-// (thread 0's expecting the half box the peer copies in) and those bytes. A group's bulk copies
-// have read their sources before the producer's next group is copied (its thread 0 waits): the
-// boxes are written again two groups later at the earliest.
+// converted, 16-bit runs by cp.async, as without crossover. Every 16-byte chunk a thread stores
+// (a converted one) or has landed (a 16-bit one) it also stores into the same place of the
+// peer's box by st.async (DSMEM), counted as transaction bytes on the peer's FULL of the box
+// (convert_pair, share_group). So every fp8 value is converted once per cluster. A producer
+// writes a stage's group only when both CTAs' consumers have released it: after its own EMPTY
+// wait its thread 0 arrives on the peer's PEER_FREE of the group, and it waits for its own
+// PEER_FREE (the peer's EMPTY, passed on) before the copies. A FULL completes with the own
+// producer's 128 arrivals (thread 0's expecting the half box the peer stores) and those bytes.
+// (A bulk copy a box by thread 0 once the producer had stored the group, at a named barrier,
+// measured 1.12 of the time without crossover: bench/RESULTS.md, session 22.)
 //
 // Per stage the producer, for tile i:
 //   writes the tile's flags (a byte per token: no slot; a word per producer warp: any), then
@@ -86,6 +86,19 @@ __device__ __forceinline__ void cp_async_4_at(uint32_t dst, const char* base, lo
       : "memory");
 }
 
+// pick ? a : b, by one selp: a chain of selects among an array's elements by a lane's index the
+// compiler may fold into an indexed load, which puts the array on the stack.
+__device__ __forceinline__ long long select_s64(bool pick, long long a, long long b) {
+  long long r;
+  asm("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\nselp.b64 %0, %2, %3, p;\n}\n" : "=l"(r) : "r"(static_cast<int>(pick)), "l"(a), "l"(b));
+  return r;
+}
+__device__ __forceinline__ int select_s32(bool pick, int a, int b) {
+  int r;
+  asm("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\nselp.b32 %0, %2, %3, p;\n}\n" : "=r"(r) : "r"(static_cast<int>(pick)), "r"(a), "r"(b));
+  return r;
+}
+
 template <class Cfg>
 struct TileTokens {
   static constexpr int kTok = Cfg::kTileN / 16;  // tokens per producer thread
@@ -110,23 +123,25 @@ struct TileTokens {
   // offsets of its first kMine tokens, the validity of all), and, for fp8 runs, each of its first
   // kMine tokens' lines prefetched into L2 (prefetch_fp8).
   __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p, int head, uint32_t sbase) {
-    shift = Cfg::kCrossover ? cluster_rank() * kMine * 16 : 0;
     int raw[kTok];
-#pragma unroll
-    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + row(p, k));
-    resolve(a, raw, tile, p, head, sbase);
+    fetch_raw(ss, tile, p, raw);
+    load_ahead(a, raw, tile, p, head, sbase);
   }
 
-  // Without crossover, the raw slots (page numbers or indices) of tile `tile`'s tokens of producer
-  // thread p: their loads, issued a tile ahead of resolve (kernel.cuh: produce), are in flight
-  // while the producer fills the tile before.
+  // crossover: the rotation of this CTA's rows (row's `shift`): rank r starts at row r * kMine * 16.
+  __device__ __forceinline__ static int rotation() { return Cfg::kCrossover ? cluster_rank() * kMine * 16 : 0; }
+
+  // The raw slots (page numbers or indices) of tile `tile`'s tokens of producer thread p, in
+  // row's order: with the plan's kSlotsAhead their loads are issued a tile ahead of resolve
+  // (kernel.cuh: produce), in flight while the producer fills the tile before.
   __device__ __forceinline__ static void fetch_raw(const SlotSource& ss, int tile, int p, int (&raw)[kTok]) {
-    static_assert(!Cfg::kCrossover, "a CTA's own rows");
+    TileTokens rows;
+    rows.shift = rotation();
 #pragma unroll
-    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + p / 8 + 16 * k);
+    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + rows.row(p, k));
   }
   __device__ __forceinline__ void load_ahead(const AttnccArgs& a, const int (&raw)[kTok], int tile, int p, int head, uint32_t sbase) {
-    shift = 0;
+    shift = rotation();
     resolve(a, raw, tile, p, head, sbase);
   }
 
@@ -189,15 +204,15 @@ struct TileTokens {
   // Boxes [kFrom, kTo) of stage `stage`: this thread's copies of each, then its arrival on the
   // box's FULL. 16-bit boxes: their cp.async, the arrival counted when they land. fp8 box pairs
   // (128 values a token): the raw bytes of every pair of the group by cp.async into the pair's
-  // second box (token row r's 128 bytes at byte 128 r) and their scales into its first (thread
-  // p's at byte 128 r + 16 (p % 8)), so that the group's loads wait for memory once and hold no
-  // registers; then each pair converted in place (convert_pair). Crossover: the same for this
-  // CTA's half of the tokens, then the group's halves shared with the peer (share_group).
+  // second box (token row r's 128 bytes at byte 128 r) and their scales into its first
+  // (load_pair), so that the group's loads wait for memory once and hold no registers; then each
+  // pair converted in place (convert_pair). Crossover: the same for this CTA's half of the
+  // tokens, then the group's halves shared with the peer (share_group).
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
     issue_boxes<kFrom, kTo>(a, sbase, stage, head, p);
     convert_boxes<kFrom, kTo, 0>(sbase, stage, p);
-    if constexpr (Cfg::kCrossover) share_group<kFrom, kTo>(sbase, stage, p);
+    if constexpr (Cfg::kCrossover) share_group<kFrom, kTo, 0>(sbase, stage, p);
   }
 
   // copy_boxes' copies: the 16-bit boxes' (and their arrivals), the fp8 pairs' raw bytes and
@@ -232,7 +247,10 @@ struct TileTokens {
   }
   template <int kFrom, int kTo, int kNewer>
   __device__ __forceinline__ static void wait_boxes() {
-    if constexpr (has_fp8_box(kFrom, kTo)) cp_async_wait<kNewer>();  // this thread's raw chunks and scales (it alone reads them)
+    if constexpr (has_fp8_box(kFrom, kTo)) {
+      cp_async_wait<kNewer>();  // this thread's raw chunks and scales
+      __syncwarp();             // ... and its quarter warp's (one_scale_a_pair: one thread's scale, 8 readers)
+    }
   }
   template <int kFrom, int kTo>
   __device__ __forceinline__ void convert_landed(uint32_t sbase, int stage, int p) const {
@@ -242,11 +260,9 @@ struct TileTokens {
   }
 
   // Whether fill_stage issues both groups' copies before it converts either, so that a stage's
-  // fp8 loads take one round trip to memory, not two (not with crossover, which shares a group
-  // with the peer as soon as it is converted).
-  __host__ __device__ static constexpr bool issues_ahead() {
-    return !Cfg::kCrossover && has_fp8_box(0, HopperTraits<Cfg>::kBoxes);
-  }
+  // fp8 loads take one round trip to memory, not two (crossover: each group shared with the peer
+  // as soon as it is converted, the late group's loads still in flight).
+  __host__ __device__ static constexpr bool issues_ahead() { return has_fp8_box(0, HopperTraits<Cfg>::kBoxes); }
 
   // The cp.async groups issue_boxes commits for a stage's early group of boxes and its late group.
   __host__ __device__ static constexpr int early_groups() { return has_fp8_box(0, HopperTraits<Cfg>::kEarly) ? 1 : 0; }
@@ -275,11 +291,27 @@ struct TileTokens {
     });
   }
 
+  // Whether each box pair of fp8 run I lies in one scale group (groups of a multiple of 128
+  // values starting on one): a token's pair then has one scale, loaded once (load_pair).
+  template <int I>
+  __host__ __device__ static constexpr bool one_scale_a_pair() {
+    constexpr Source src = Cfg::kSources[I];
+    return src.scale_group % (2 * kBoxCols) == 0 && src.seg_lo % (2 * kBoxCols) == 0 && kMine <= 8;
+  }
+  // Where thread p's chunk c = p % 8 finds its scale in the pair's first box, from the token's
+  // row: byte 16 c (a scale a chunk), or byte 0 (one_scale_a_pair).
+  template <int I>
+  __device__ __forceinline__ static uint32_t scale_col(int c) {
+    return one_scale_a_pair<I>() ? 0 : c * 16;
+  }
+
   // The loads of fp8 box pair `box`, box + 1 of run I into stage `stage`, by cp.async: thread p's
   // chunk c = p % 8 (bytes 16 c of the pair's 128 a token, one scale group: the lowering puts
   // groups on multiples of 16) of each token it fills (its first kMine) into box + 1 at byte
-  // 128 r + 16 c of the token's row r, the chunk's scale into box at the same place (zeros for a
-  // token without a slot).
+  // 128 r + 16 c of the token's row r; the scales into box at scale_col (zeros for a token
+  // without a slot): the chunk's own, or, one_scale_a_pair, the pair's one scale of token c (for
+  // c < kMine: one copy for kMine tokens, not one a token and chunk; each 4-byte copy of a quarter
+  // warp cost as much of L1 as its 16-byte raw chunks).
   template <int I>
   __device__ __forceinline__ void load_pair(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p, int box) const {
     using T = HopperTraits<Cfg>;
@@ -287,12 +319,26 @@ struct TileTokens {
     const int c = p % 8;
     const int first = box * kBoxCols - src.smem_col;  // the pair's first value in the run
     const char* base = run_base<Cfg, I>(a, head) + first + c * 16;
-    const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first + c * 16) / src.scale_group - src.scale_first_group) * 4;
-    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + c * 16;
+    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + scale_col<I>(c);
+    if constexpr (one_scale_a_pair<I>()) {
+      const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first) / src.scale_group - src.scale_first_group) * 4;
+      long long at = off[0][src.scale_tensor];
+      int ok = valid[0];
 #pragma unroll
-    for (int j = 0; j < kMine; ++j) {
-      cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
-      cp_async_4_at(scale_at + row(p, j) * 128, scales, off[j][src.scale_tensor], valid[j]);
+      for (int j = 1; j < kMine; ++j) {
+        at = select_s64(c % kMine == j, off[j][src.scale_tensor], at);
+        ok = select_s32(c % kMine == j, valid[j], ok);
+      }
+      if (c < kMine) cp_async_4_at(scale_at + row(p, c % kMine) * 128, scales, at, ok != 0);
+#pragma unroll
+      for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
+    } else {
+      const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first + c * 16) / src.scale_group - src.scale_first_group) * 4;
+#pragma unroll
+      for (int j = 0; j < kMine; ++j) {
+        cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
+        cp_async_4_at(scale_at + row(p, j) * 128, scales, off[j][src.scale_tensor], valid[j]);
+      }
     }
   }
 
@@ -303,50 +349,34 @@ struct TileTokens {
     return false;
   }
 
-  // Crossover: this CTA's half of boxes [kFrom, kTo) of stage `stage` into the peer's. The 16-bit
-  // boxes' copies landed, each thread's arrivals on them (thread 0's expecting the peer's half);
-  // every thread's stores fenced for the async proxy, the producer at its barrier; then thread 0,
-  // once the previous group's bulk copies have read their sources, copies each box's half. The
-  // P box (seesaw.cuh: the consumers write P there once S is done) is copied first and arrived
-  // on by thread 0 alone, for the whole producer, once that copy has read it: else P could
-  // overwrite the key the peer is still to receive.
-  template <int kFrom, int kTo>
+  // Crossover: this CTA's half of the 16-bit boxes of [kFrom, kTo) of stage `stage` into the
+  // peer's (kNewer: the cp.async groups committed after this group's, left in flight; the fp8
+  // boxes went to the peer as they were converted, convert_pair): once this thread's copies have
+  // landed, each of its 16-byte chunks read and stored into the peer's box by st.async, counted
+  // on the peer's FULL of the box; then its arrival on its own (thread 0's expecting the peer's
+  // half). The consumers write P into the P box only after that FULL, so the chunks are read
+  // before P can overwrite them.
+  template <int kFrom, int kTo, int kNewer>
   __device__ __forceinline__ void share_group(uint32_t sbase, int stage, int p) const {
     using T = HopperTraits<Cfg>;
-    constexpr bool kHasP = kFrom <= T::kPBox && T::kPBox < kTo;
-    cp_async_wait<0>();
+    cp_async_wait<kNewer>();
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
-      if constexpr (!is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype) && box != T::kPBox) arrive_full(T::full(sbase, stage, box), p);
+      if constexpr (!is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) {
+        const uint32_t dst = T::stage_box(sbase, stage, box), full = T::full(sbase, stage, box);
+#pragma unroll
+        for (int k = 0; k < kMine; ++k) {
+          const uint32_t at = dst + sw128(row(p, k), p % 8);
+          st_async_16(peer + (at - sbase), lds128(at), peer + (full - sbase));
+        }
+        arrive_full(full, p);
+      }
     });
-    fence_async_shared();
-    bar_sync(Cfg::kProducerBarrier, kGroupThreads);
-    if (p == 0) {
-      bulk_wait_read<0>();
-      auto share = [&](int box) {
-        const uint32_t half = T::stage_box(sbase, stage, box) + shift * 128;
-        bulk_copy_to_peer(peer + (half - sbase), half, kHalfBoxBytes, peer + (T::full(sbase, stage, box) - sbase));
-      };
-      if constexpr (kHasP) {
-        share(T::kPBox);
-        bulk_commit();
-      }
-      static_for<kTo - kFrom>([&](auto i) {
-        constexpr int box = kFrom + decltype(i)::value;
-        if constexpr (box != T::kPBox) share(box);
-      });
-      bulk_commit();
-      if constexpr (kHasP) {
-        bulk_wait_read<1>();  // the P box's copy (the older group) has read it
-        mbarrier_arrive_expect_tx(T::full(sbase, stage, T::kPBox), kHalfBoxBytes);
-        mbarrier_arrive(T::full(sbase, stage, T::kPBox), kGroupThreads - 1);
-      }
-    }
   }
   static constexpr int kHalfBoxBytes = Cfg::kBoxBytes / 2;  // crossover: a CTA's half of a box (32 rows)
 
   // This thread's arrival on a FULL it filled its part of (crossover: thread 0's also expecting the
-  // half box the peer copies in).
+  // half box the peer stores).
   __device__ __forceinline__ static void arrive_full(uint32_t bar, int p) {
     if (Cfg::kCrossover && p == 0) {
       mbarrier_arrive_expect_tx(bar, kHalfBoxBytes);
@@ -369,7 +399,7 @@ struct TileTokens {
     using T = HopperTraits<Cfg>;
     constexpr Source src = Cfg::kSources[I];
     const int c = p % 8;
-    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + c * 16;
+    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + scale_col<I>(c);
     uint4 raw[kMine];
     float scale[kMine];
 #pragma unroll
@@ -390,6 +420,11 @@ struct TileTokens {
       const uint4 v_first = high_first ? hi : lo, v_second = high_first ? lo : hi;
       sts128(at_first, v_first);
       sts128(at_second, v_second);
+      if constexpr (Cfg::kCrossover) {  // and into the peer's box (share_group)
+        const uint32_t peer_full = peer + (T::full(sbase, stage, box + c / 4) - sbase);
+        st_async_16(peer + (at_first - sbase), v_first, peer_full);
+        st_async_16(peer + (at_second - sbase), v_second, peer_full);
+      }
     }
     fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
     arrive_full(T::full(sbase, stage, box), p);
@@ -471,10 +506,12 @@ __device__ __forceinline__ void issue_stage(const Tile& tile, const From& from, 
   static_assert(Tile::issues_ahead() && T::kEarly < T::kBoxes, "a tile whose copies are issued before any conversion");
   ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
   mbarrier_wait(T::empty_early(sbase, stage), parity);
+  if constexpr (T::kCrossover) peer_free(T::peer_free_early(sbase, stage), sbase, parity, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
   tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
   tile.template issue_boxes<0, T::kEarly>(from, sbase, stage, head, p);
   mbarrier_wait(T::empty_late(sbase, stage), parity);
+  if constexpr (T::kCrossover) peer_free(T::peer_free_late(sbase, stage), sbase, parity, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
   tile.template issue_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 3);
@@ -498,7 +535,9 @@ __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, u
   if constexpr (T::kEarly < T::kBoxes && Tile::issues_ahead()) {
     issue_stage<Cfg>(tile, from, sbase, smem, stage, head, p, parity, trace_slot);
     convert_stage<Cfg, 0, T::kEarly, Tile::late_groups()>(tile, sbase, stage, p, trace_slot, 4);
+    if constexpr (T::kCrossover) tile.template share_group<0, T::kEarly, Tile::late_groups()>(sbase, stage, p);
     convert_stage<Cfg, T::kEarly, T::kBoxes, 0>(tile, sbase, stage, p, trace_slot, 5);
+    if constexpr (T::kCrossover) tile.template share_group<T::kEarly, T::kBoxes, 0>(sbase, stage, p);
     return;
   }
   ATTNCC_TRACE(p == 0, 2, trace_slot, 0);

@@ -43,7 +43,7 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbas
   static_for<T::kBoxes>([&](auto i) {
     constexpr int box = decltype(i)::value;
     if constexpr (T::kCrossover) {
-      mbarrier_wait_cluster(T::full(sbase, stage, box), parity);  // the peer's bulk copies too
+      mbarrier_wait_cluster(T::full(sbase, stage, box), parity);  // the peer's stores too
     } else {
       mbarrier_wait(T::full(sbase, stage, box), parity);
     }

@@ -170,8 +170,8 @@ struct HopperTraits {
   // same causal limit, tiles and slots. Each dequantizes half of every tile's fp8 tokens.
   static_assert(!kCrossover || (has_fp8<Cfg>() && Cfg::kTmaRows == 0 && Cfg::kGroup % (2 * kM) == 0 && kN % 32 == 0 && kSeesaw &&
                                  !is_fp8(Cfg::kSources[box_source<Cfg>(kPBox)].dtype)),
-                "crossover: fp8 runs by the producer (no TMA), a group of whole pairs of row blocks, the seesaw (a box's "
-                "bulk copy has read it two groups before it is written again) with a 16-bit P box");
+                "crossover: fp8 runs by the producer (no TMA), a group of whole pairs of row blocks, the seesaw with a "
+                "16-bit P box");
   static_assert(Cfg::kBarriers <= 16 && Cfg::kConsumerBarrier >= 1 && Cfg::kProducerBarrier >= 1 &&
                     Cfg::kConsumerBarrier < Cfg::kBarriers && Cfg::kProducerBarrier < Cfg::kBarriers,
                 "named barriers: 1 .. 15");
