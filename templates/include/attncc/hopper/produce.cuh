@@ -111,7 +111,8 @@ struct TileTokens {
 
   // The tile row of this thread's token k: rows p / 8 + 16 k, rotated by `shift` (crossover), so
   // that tokens [0, kMine) are the ones this CTA converts.
-  __device__ __forceinline__ int row(int p, int k) const {
+  __device__ __forceinline__ int row(int p, int k) const { return row_from(p, k, shift); }
+  __device__ __forceinline__ static int row_from(int p, int k, int shift) {
     if constexpr (Cfg::kCrossover) {
       return (p / 8 + 16 * k + shift) % Cfg::kTileN;
     } else {
@@ -135,10 +136,9 @@ struct TileTokens {
   // row's order: with the plan's kSlotsAhead their loads are issued a tile ahead of resolve
   // (kernel.cuh: produce), in flight while the producer fills the tile before.
   __device__ __forceinline__ static void fetch_raw(const SlotSource& ss, int tile, int p, int (&raw)[kTok]) {
-    TileTokens rows;
-    rows.shift = rotation();
+    const int shift = rotation();
 #pragma unroll
-    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + rows.row(p, k));
+    for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + row_from(p, k, shift));
   }
   __device__ __forceinline__ void load_ahead(const AttnccArgs& a, const int (&raw)[kTok], int tile, int p, int head, uint32_t sbase) {
     shift = rotation();
@@ -206,13 +206,12 @@ struct TileTokens {
   // (128 values a token): the raw bytes of every pair of the group by cp.async into the pair's
   // second box (token row r's 128 bytes at byte 128 r) and their scales into its first
   // (load_pair), so that the group's loads wait for memory once and hold no registers; then each
-  // pair converted in place (convert_pair). Crossover: the same for this CTA's half of the
-  // tokens, then the group's halves shared with the peer (share_group).
+  // pair converted in place (convert_pair). (Tiles with fp8 runs, crossover's among them, go by
+  // issue_boxes and convert_boxes' parts instead: fill_stage.)
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const AttnccArgs& a, uint32_t sbase, int stage, int head, int p) const {
     issue_boxes<kFrom, kTo>(a, sbase, stage, head, p);
     convert_boxes<kFrom, kTo, 0>(sbase, stage, p);
-    if constexpr (Cfg::kCrossover) share_group<kFrom, kTo, 0>(sbase, stage, p);
   }
 
   // copy_boxes' copies: the 16-bit boxes' (and their arrivals), the fp8 pairs' raw bytes and
@@ -538,21 +537,21 @@ __device__ __forceinline__ void fill_stage(const Tile& tile, const From& from, u
     if constexpr (T::kCrossover) tile.template share_group<0, T::kEarly, Tile::late_groups()>(sbase, stage, p);
     convert_stage<Cfg, T::kEarly, T::kBoxes, 0>(tile, sbase, stage, p, trace_slot, 5);
     if constexpr (T::kCrossover) tile.template share_group<T::kEarly, T::kBoxes, 0>(sbase, stage, p);
-    return;
+  } else {
+    // (crossover plans have fp8 runs, hence the order above: no peer to wait for here)
+    static_assert(!T::kCrossover, "crossover: copies issued ahead");
+    ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
+    mbarrier_wait(T::empty_early(sbase, stage), parity);
+    ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
+    tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
+    tile.template copy_boxes<0, T::kEarly>(from, sbase, stage, head, p);
+    if constexpr (T::kEarly < T::kBoxes) {
+      mbarrier_wait(T::empty_late(sbase, stage), parity);
+      ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
+      tile.template copy_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
+    }
+    ATTNCC_TRACE(p == 0, 2, trace_slot, 3);
   }
-  ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
-  mbarrier_wait(T::empty_early(sbase, stage), parity);
-  if constexpr (T::kCrossover) peer_free(T::peer_free_early(sbase, stage), sbase, parity, p);
-  ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
-  tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
-  tile.template copy_boxes<0, T::kEarly>(from, sbase, stage, head, p);
-  if constexpr (T::kEarly < T::kBoxes) {
-    mbarrier_wait(T::empty_late(sbase, stage), parity);
-    if constexpr (T::kCrossover) peer_free(T::peer_free_late(sbase, stage), sbase, parity, p);
-    ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
-    tile.template copy_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
-  }
-  ATTNCC_TRACE(p == 0, 2, trace_slot, 3);
 }
 
 }  // namespace hopper
