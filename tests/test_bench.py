@@ -2,6 +2,7 @@
 lengths) and the command's refusals. The timings themselves run on the device."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,48 @@ def test_sparse_inputs_are_each_querys_topk_of_its_own_sequence(seqlen):
             assert not (valid[1:] > valid[:-1]).all()  # not sorted
     seqs = [set((case.indices[b][case.indices[b] >= 0] // spec.page_size).tolist()) for b in range(cfg.batch)]
     assert all(not (seqs[i] & seqs[j]) for i in range(cfg.batch) for j in range(i + 1, cfg.batch))
+
+
+def _stall_profile():
+    import importlib.util
+
+    module_spec = importlib.util.spec_from_file_location("attncc_bench_stall_profile", REPO / "bench" / "stall_profile.py")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # dataclasses look their module up while it loads
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_stall_profile_splits_roles_at_setmaxnreg(tmp_path, capsys):
+    """bench/stall_profile.py summary: rows before the first setmaxnreg are the prologue, after
+    TRY_ALLOC the consumers', after DEALLOC the producer's; samples, stall reasons and opcodes
+    (past predicates) add up per role; a file that is not ncu's source page is refused."""
+    import gzip
+
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+              "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)"]
+    body = [("0x0", "LDC R1, c[0x0][0x28]", "2", "10", "0", "2", "9"),
+            ("0x10", "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xd8", "1", "4", "1", "0", "9"),
+            ("0x20", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ", "6", "8", "5", "1", "9"),
+            ("0x30", "@!P0 FMUL R2, R3, R4", "3", "8", "0", "3", "9"),
+            ("0x40", "USETMAXREG.DEALLOC.CTAPOOL 0x48", "0", "4", "0", "0", "9"),
+            ("0x50", "F2FP.BF16.F32.PACK_AB R5, R6, R7", "7", "12", "2", "5", "9"),
+            ("0x60", "@P1 FMUL R2, R3, R4", "1", "6", "1", "0", "9")]
+    lines = ['"Kernel Name","decode_kernel",', ",".join(f'"{h}"' for h in header)]
+    lines += [",".join(f'"{v}"' for v in row) for row in body]
+    path = tmp_path / "src.csv.gz"
+    path.write_bytes(gzip.compress("\n".join(lines).encode()))
+    sp = _stall_profile()
+    roles = sp.summarize(sp.read_rows(gzip.decompress(path.read_bytes()).decode()))
+    assert list(roles) == ["prologue", "consumers", "producer"]
+    assert [roles[r].samples for r in roles] == [2, 10, 8]
+    assert roles["consumers"].stalls == {"long_sb": 6, "wait": 4}  # the Not Issued column apart
+    assert roles["producer"].executed == {"USETMAXREG.DEALLOC.CTAPOOL": 4, "F2FP.BF16.F32.PACK_AB": 12, "FMUL": 6}
+    assert roles["consumers"].sampled["FMUL"] == 3
+    assert sp.main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "producer: 8 samples (40.0% of all)" in out and "long_sb 37.5%" in out
+    not_ncu = tmp_path / "notes.csv"
+    not_ncu.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit, match="not ncu's source page"):
+        sp.main(["summary", str(not_ncu)])
