@@ -89,14 +89,18 @@ def have_nvcc() -> bool:
     return True
 
 
-def load_example(name: str):
-    """examples/<name>.py as a module (the examples are scripts, not a package)."""
-    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+def load_script(path: Path, name: str):
+    """A script of the repository (examples/, bench/: not a package) as a module named `name`."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
+
+
+def load_example(name: str):
+    """examples/<name>.py as a module."""
+    return load_script(Path(__file__).resolve().parent.parent / "examples" / f"{name}.py", name)
 
 
 @contextlib.contextmanager

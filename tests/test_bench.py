@@ -2,7 +2,6 @@
 lengths) and the command's refusals. The timings themselves run on the device."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from attncc import bench
 from attncc.cli import main
 from attncc.frontend import check_spec
+from support import load_script
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,16 +79,6 @@ def test_sparse_inputs_are_each_querys_topk_of_its_own_sequence(seqlen):
     assert all(not (seqs[i] & seqs[j]) for i in range(cfg.batch) for j in range(i + 1, cfg.batch))
 
 
-def _stall_profile():
-    import importlib.util
-
-    module_spec = importlib.util.spec_from_file_location("attncc_bench_stall_profile", REPO / "bench" / "stall_profile.py")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module  # dataclasses look their module up while it loads
-    module_spec.loader.exec_module(module)
-    return module
-
-
 def test_stall_profile_splits_roles_at_setmaxnreg(tmp_path, capsys):
     """bench/stall_profile.py summary: rows before the first setmaxnreg are the prologue, after
     TRY_ALLOC the consumers', after DEALLOC the producer's; samples, stall reasons and opcodes
@@ -108,7 +98,7 @@ def test_stall_profile_splits_roles_at_setmaxnreg(tmp_path, capsys):
     lines += [",".join(f'"{v}"' for v in row) for row in body]
     path = tmp_path / "src.csv.gz"
     path.write_bytes(gzip.compress("\n".join(lines).encode()))
-    sp = _stall_profile()
+    sp = load_script(REPO / "bench" / "stall_profile.py", "attncc_bench_stall_profile")
     roles = sp.summarize(sp.read_rows(gzip.decompress(path.read_bytes()).decode()))
     assert list(roles) == ["prologue", "consumers", "producer"]
     assert [roles[r].samples for r in roles] == [2, 10, 8]

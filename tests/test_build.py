@@ -25,7 +25,7 @@ from attncc.build import BuildError, compile_source
 from attncc.split import ctas_per_split
 
 from specs import EXTRA, without_crossover
-from support import compile_quiet, have_nvcc
+from support import compile_quiet, have_nvcc, load_script
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.stem for p in (REPO / "examples").glob("*.attn"))
@@ -119,11 +119,7 @@ def test_compiles_without_spills(tmp_path, case, arch):
 def test_clock_trace_builds_only_where_defined(tmp_path):
     """bench/clock_trace.py's build of the seesaw: the trace points store %clock64 and the
     library exports the trace's readers; the same plan's PTX without ATTNCC_TRACE_CTA has none."""
-    import importlib.util
-
-    module_spec = importlib.util.spec_from_file_location("attncc_bench_clock_trace", REPO / "bench" / "clock_trace.py")
-    clock_trace = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(clock_trace)
+    clock_trace = load_script(REPO / "bench" / "clock_trace.py", "attncc_bench_clock_trace")
     plan = plan_of("mla")
     assert plan.family == "hopper" and plan.config.seesaw
     library = clock_trace.build(plan, 3, tmp_path)
