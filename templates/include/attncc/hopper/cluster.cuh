@@ -1,5 +1,6 @@
 // attncc/hopper/cluster.cuh: a 2-CTA cluster's primitives (PTX ISA: mbarrier at .cluster
-// scope, st.async, mapa, barrier.cluster), one function per instruction: what the crossover schedule (produce.cuh) shares dequantized tiles with.
+// scope, st.async, mapa, barrier.cluster), one function per instruction: what the crossover
+// schedule (produce.cuh) shares dequantized tiles with.
 //
 //   the peer's address:   peer_base(sbase) + offset (the same offset in the peer CTA's shared memory)
 //   a store into the peer: st_async_16(peer dst, 16 bytes, peer FULL): counted on the peer's

@@ -78,7 +78,7 @@ struct SlotsAhead {
     if constexpr (kOn) {
       int next[TileTokens<Cfg>::kTok];
       TileTokens<Cfg>::fetch_raw(ss, tile + 1, p, next);
-      tt.load_ahead(a, raw, tile, p, head, sbase);
+      tt.resolve(a, raw, tile, p, head, sbase);
 #pragma unroll
       for (int k = 0; k < TileTokens<Cfg>::kTok; ++k) raw[k] = next[k];
     } else {

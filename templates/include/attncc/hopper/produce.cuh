@@ -126,7 +126,7 @@ struct TileTokens {
   __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p, int head, uint32_t sbase) {
     int raw[kTok];
     fetch_raw(ss, tile, p, raw);
-    load_ahead(a, raw, tile, p, head, sbase);
+    resolve(a, raw, tile, p, head, sbase);
   }
 
   // crossover: the rotation of this CTA's rows (row's `shift`): rank r starts at row r * kMine * 16.
@@ -140,13 +140,10 @@ struct TileTokens {
 #pragma unroll
     for (int k = 0; k < kTok; ++k) raw[k] = load_slot_raw<Cfg>(ss, tile * Cfg::kTileN + row_from(p, k, shift));
   }
-  __device__ __forceinline__ void load_ahead(const AttnccArgs& a, const int (&raw)[kTok], int tile, int p, int head, uint32_t sbase) {
-    shift = rotation();
-    resolve(a, raw, tile, p, head, sbase);
-  }
 
-  // ... and from them the slots (`shift` set).
+  // ... and from them the slots (load's second half).
   __device__ __forceinline__ void resolve(const AttnccArgs& a, const int (&raw)[kTok], int tile, int p, int head, uint32_t sbase) {
+    shift = rotation();
     peer = Cfg::kCrossover ? peer_base(sbase) : 0;
 #pragma unroll
     for (int k = 0; k < kTok; ++k) {
