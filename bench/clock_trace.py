@@ -8,7 +8,10 @@ thread 0, in the traced CTA; the same kernels otherwise, whose timing the stores
 runs one call on bench's inputs (after warm-up, L2 flushed), reads the clocks back and prints the
 median cycles of each phase over the steady pairs (all but the first and last two), the pair's
 period, and how long after the producer issues a stage its readers see it land. Part mode walks
-pieces: a pair is the CTA's pair in its whole stream (pairs of every piece, in order)."""
+pieces: a pair is the CTA's pair in its whole stream (pairs of every piece, in order). Then where
+the call's time goes beyond the steady pairs: the SM clock's rate (the traced CTA's cycles over its
+global-timer nanoseconds), the grid's balance (every CTA's begin and end, from the first begin),
+and the traced CTA's span against its pairs and its pieces' Q loads and epilogues."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +35,7 @@ from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
 from attncc.render import render, source_name  # noqa: E402
 
-ROLES, SLOTS, EVENTS = 3, 1024, 8  # core/trace.cuh
+ROLES, SLOTS, EVENTS, CTAS = 4, 1024, 8, 4096  # core/trace.cuh
 # seesaw.cuh's events (numbered by meaning), as phases (event -> the next in the group's order)
 # of each consumer warp group; WG1's order depends on the plan's value_first
 WG0 = ((0, 1, "S: boxes landing"), (1, 2, "S: last k-steps"), (2, 3, "row max, MAX_A"), (3, 4, "exp, P_a, P_A"),
@@ -113,17 +116,26 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         raw = (ctypes.c_ulonglong * (ROLES * SLOTS * EVENTS))()
         check("attncc_trace_read", lib.dll.attncc_trace_read(raw, ctypes.c_size_t(ctypes.sizeof(raw))))
-    flat = list(raw)
+        span = (ctypes.c_ulonglong * (CTAS * 4))()
+        check("attncc_trace_read_span", lib.dll.attncc_trace_read_span(span, ctypes.c_size_t(ctypes.sizeof(span))))
+    title = f"{spec.name} {cfg.label()} splits/parts {parts}"
+    report(list(raw), list(span), args.cta, plan.config.value_first, title)
+    return 0
+
+
+def report(flat, span, cta: int, value_first: bool, title: str) -> None:
+    """The trace's tables from the arrays read back (core/trace.cuh's trace_clock and trace_span,
+    flattened): the steady pairs' phases, then the timeline."""
     if not any(flat):
-        raise SystemExit(f"CTA {args.cta} recorded nothing (a grid of fewer blocks?)")
+        raise SystemExit(f"CTA {cta} recorded nothing (a grid of fewer blocks?)")
     first = min(v for v in flat if v > 0)  # cycles from the CTA's first event; None: not recorded
     w0, w1, pr = ([[flat[(r * SLOTS + i) * EVENTS + e] - first if flat[(r * SLOTS + i) * EVENTS + e] > 0 else None
-                    for e in range(EVENTS)] for i in range(SLOTS)] for r in range(ROLES))
+                    for e in range(EVENTS)] for i in range(SLOTS)] for r in range(3))
     pairs = sum(row[0] is not None for row in w0)
     steady = [i for i in range(2, pairs - 2) if None not in w0[i] and None not in w1[i] and w0[i + 1][0] is not None]
-    print(f"{spec.name} {cfg.label()} splits/parts {parts}: CTA {args.cta}, {pairs} pairs, {len(steady)} steady; "
+    print(f"{title}: CTA {cta}, {pairs} pairs, {len(steady)} steady; "
           f"median cycles")
-    wg1 = WG1_VALUE_FIRST if plan.config.value_first else WG1
+    wg1 = WG1_VALUE_FIRST if value_first else WG1
     for name, wg, phases in (("WG0", w0, WG0), ("WG1", w1, wg1)):
         cells = [f"{p} {median([gap(wg[i][e], wg[i][f]) for i in steady])}" for e, f, p in phases]
         print(f"  {name}: " + " | ".join(cells) + f" | to the next pair {median([gap(wg[i][7], wg[i + 1][0]) for i in steady])}")
@@ -138,8 +150,41 @@ def main(argv=None) -> int:
     print("  release -> producer: WG0's O_L += P_a V_a -> EMPTY early of the next a "
           f"{median([gap(w0[i][5], pr[2 * (i + 1)][1]) for i in steady])}; WG1's O_R += P_a V_a -> EMPTY late "
           f"{median([gap(w1[i][6], pr[2 * (i + 1)][2]) for i in steady])}")
-    return 0
+    pieces = [[flat[(3 * SLOTS + i) * EVENTS + e] - first if flat[(3 * SLOTS + i) * EVENTS + e] > 0 else None
+               for e in range(3)] for i in range(SLOTS)]
+    timeline(span, cta, first, w0, pieces, pairs, [gap(w0[i][0], w0[i + 1][0]) for i in steady])
 
+
+def timeline(span, cta, first, w0, pieces, pairs, periods) -> None:
+    """Where the call's time goes beyond the steady pairs: core/trace.cuh's spans (every CTA's
+    begin and end: global ns, SM clock) and role 3 (the traced CTA's pieces), cycles from `first`."""
+    ctas = [span[4 * i: 4 * i + 4] for i in range(CTAS) if span[4 * i] and span[4 * i + 2]]
+    mine = span[4 * cta: 4 * cta + 4]
+    if not ctas or not (mine[0] and mine[2]):
+        print("  timeline: no spans recorded")
+        return
+    t0 = min(c[0] for c in ctas)
+    begins = sorted((c[0] - t0) / 1e3 for c in ctas)
+    ends = sorted((c[2] - t0) / 1e3 for c in ctas)
+    ns, cycles = mine[2] - mine[0], mine[3] - mine[1]
+    print(f"  grid: {len(ctas)} CTAs, the last begins {begins[-1]:.1f} us after the first; they end "
+          f"{ends[0]:.1f} (min) / {statistics.median(ends):.1f} (median) / {ends[-1]:.1f} (max) us after it; "
+          f"SM clock {cycles / ns:.3f} GHz (CTA {cta})")
+    listed = [(i, p) for i, p in enumerate(pieces) if None not in p]  # (first pair, events)
+    steady = statistics.median(periods) if periods else 0
+    print(f"  CTA {cta}: {cycles} cycles begin to end; {pairs} pairs x the steady period = {pairs * steady:.0f} "
+          f"({pairs * steady / cycles:.1%})")
+    if not listed:
+        return
+    q_wait = [p[1] - p[0] for _, p in listed]
+    between = [b[0] - a[2] for (_, a), (_, b) in zip(listed, listed[1:])]
+    lasts = [j - 1 for j, _ in listed[1:]] + [pairs - 1]  # each piece's last pair
+    epilogue = [p[2] - max(v for v in w0[last] if v is not None) for (_, p), last in zip(listed, lasts)]
+    print(f"  {len(listed)} pieces ({[j for j, _ in listed]} their first pairs): the CTA's begin -> the first piece "
+          f"{listed[0][1][0] - (mine[1] - first)}; Q wait (piece begins -> Q landed) {sum(q_wait)} in all, "
+          f"{statistics.median(q_wait):.0f} median; WG0's last event -> results written {sum(epilogue)} in all; "
+          f"results written -> the next piece begins {sum(between)} in all; the last results -> the CTA's end "
+          f"{(mine[3] - first) - listed[-1][1][2]}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -124,11 +124,13 @@ def test_clock_trace_builds_only_where_defined(tmp_path):
     assert plan.family == "hopper" and plan.config.seesaw
     library = clock_trace.build(plan, 3, tmp_path)
     lib = ctypes.CDLL(str(library))
-    assert hasattr(lib, "attncc_trace_read") and hasattr(lib, "attncc_trace_clear")
-    # a buffer of another size than the trace's is refused before any CUDA call (no GPU here)
-    small = (ctypes.c_ulonglong * 8)()
-    assert lib.attncc_trace_read(small, ctypes.c_size_t(ctypes.sizeof(small))) == 1  # cudaErrorInvalidValue
-    assert list(small) == [0] * 8
+    for reader in ("attncc_trace_read", "attncc_trace_read_span"):
+        assert hasattr(lib, reader)
+        # a buffer of another size than the array's is refused before any CUDA call (no GPU here)
+        small = (ctypes.c_ulonglong * 8)()
+        assert getattr(lib, reader)(small, ctypes.c_size_t(ctypes.sizeof(small))) == 1  # cudaErrorInvalidValue
+        assert list(small) == [0] * 8
+    assert hasattr(lib, "attncc_trace_clear")
     traced = (tmp_path / attncc.render.source_name(plan)).read_text()
     assert traced == "#define ATTNCC_TRACE_CTA 3\n" + attncc.render.render(plan)
 
@@ -144,6 +146,48 @@ def test_clock_trace_builds_only_where_defined(tmp_path):
     # the consumers' and the producer's trace points, in each decode kernel's inlined copies
     assert "trace_clock" in on and on.count("%clock64") >= 20
     assert "trace_clock" not in off and "%clock64" not in off
+    # every CTA's begin and end on the global timer (the grid's balance, the clock's rate)
+    assert "trace_span" in on and on.count("%globaltimer") >= 2
+    assert "trace_span" not in off and "%globaltimer" not in off
+
+
+def test_clock_trace_report_of_a_known_trace(capsys):
+    """clock_trace's tables from arrays laid out as core/trace.cuh's: 20 pairs 1,000 cycles apart
+    in two pieces 2,000 cycles apart, 132 CTAs whose spans give a 2 GHz clock; the figures
+    printed are the ones put in."""
+    clock_trace = load_script(REPO / "bench" / "clock_trace.py", "attncc_bench_clock_trace")
+    R, S, E, C = clock_trace.ROLES, clock_trace.SLOTS, clock_trace.EVENTS, clock_trace.CTAS
+    flat, span = [0] * (R * S * E), [0] * (C * 4)
+    at = lambda role, slot, event: (role * S + slot) * E + event  # noqa: E731
+    t0 = 10_000
+    start = [t0 + 1000 * i + (2000 if i >= 10 else 0) for i in range(20)]  # each pair's first event
+    for i in range(20):
+        for role in (0, 1):
+            for e in range(E):
+                flat[at(role, i, e)] = start[i] + 100 * e + role
+        for half in (0, 1):
+            for e in range(E):
+                flat[at(2, 2 * i + half, e)] = start[i] + 90 * e + half
+    # piece 0: pairs 0..9, piece 1: pairs 10..19; each begins 300 cycles before its first pair,
+    # its Q lands 100 before, its results are written 250 after its last pair's last WG0 event
+    for first, last in ((0, 9), (10, 19)):
+        flat[at(3, first, 0)] = start[first] - 300
+        flat[at(3, first, 1)] = start[first] - 100
+        flat[at(3, first, 2)] = start[last] + 700 + 250
+    for c in range(132):
+        span[4 * c: 4 * c + 4] = [1_000_000 + c, 5, 1_000_000 + 20_000 + 10 * c, 5]
+    span[4 * 7: 4 * 7 + 4] = [1_000_000, t0 - 400, 1_000_000 + 12_000, t0 - 400 + 24_000]
+    clock_trace.report(flat, span, 7, True, "known")
+    out = capsys.readouterr().out
+    assert "CTA 7, 20 pairs, 16 steady" in out  # all but the first and last two
+    assert "period (WG0's pair to pair)    1000" in out
+    assert "132 CTAs" in out and "SM clock 2.000 GHz" in out
+    assert "24000 cycles begin to end; 20 pairs x the steady period = 20000 (83.3%)" in out
+    assert "2 pieces ([0, 10] their first pairs): the CTA's begin -> the first piece 100" in out
+    assert "Q wait (piece begins -> Q landed) 400 in all, 200 median" in out
+    assert "WG0's last event -> results written 500 in all" in out
+    assert "results written -> the next piece begins 1750 in all" in out
+    assert "the last results -> the CTA's end 1650" in out
 
 
 def test_parse_ptxas_report():

@@ -164,6 +164,7 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   bool bad_len;
   const PieceTiles<Cfg> pt(a, w, bad_len);
   if (bad_len && ct == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SEQLEN);
+  ATTNCC_TRACE(ct == 0, 3, pr.pairs, 0);
   if (ct == 0) stash(smem + Cfg::kWorkOff, w);
   // Q rows -> boxes of the Q tile (zero past the CTA's rows)
   const char* q_any = static_cast<const char*>(a.q);
@@ -182,11 +183,14 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   cp_async_wait<0>();
   fence_async_shared();
   bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // Q and the work stash visible
+  const int first_pair = pr.pairs;
+  ATTNCC_TRACE(ct == 0, 3, first_pair, 1);
   if constexpr (Cfg::kSeesaw) {
     consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
   } else {
     consume_stacked<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
   }
+  ATTNCC_TRACE(ct == 0, 3, first_pair, 2);
 }
 
 template <class Cfg>
@@ -221,6 +225,7 @@ __device__ __forceinline__ void cta_sync() {
 }
 template <class Cfg>
 __device__ __forceinline__ void before_exit() {
+  ATTNCC_TRACE_SPAN(1);
   if constexpr (Cfg::kCrossover) cluster_sync();
 }
 
@@ -230,6 +235,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
                                                                   const __grid_constant__ TmaMaps<Cfg::kNumTensors> maps) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sbase = smem_addr(smem);
+  ATTNCC_TRACE_SPAN(0);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
   cta_sync<Cfg>();
   if (warp_group() == 2) {
@@ -273,6 +279,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
   using W = CtaWork<Cfg>;
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sbase = smem_addr(smem);
+  ATTNCC_TRACE_SPAN(0);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
   if (threadIdx.x < 32) {
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x);
