@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import json
 import statistics
 import subprocess
 import sys
@@ -92,6 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a field of the plan's kernel config (an int or true/false), e.g. "
                          "value_first=false: the trace of a lowering choice not taken")
+    ap.add_argument("--spans", type=Path, metavar="JSON",
+                    help="also write every CTA's [begin, end] (global timer, ns from the first begin) there")
     args = ap.parse_args(argv)
     spec = check_spec(Path(args.spec))
     spec = bench.variant(spec, args.heads or spec.heads_q, args.page or spec.page_size)
@@ -120,7 +123,16 @@ def main(argv=None) -> int:
         check("attncc_trace_read_span", lib.dll.attncc_trace_read_span(span, ctypes.c_size_t(ctypes.sizeof(span))))
     title = f"{spec.name} {cfg.label()} splits/parts {parts}"
     report(list(raw), list(span), args.cta, plan.config.value_first, title)
+    if args.spans:
+        args.spans.write_text(json.dumps({"title": title, "spans": spans_ns(list(span))}))
     return 0
+
+
+def spans_ns(span) -> dict:
+    """Every recorded CTA's [begin, end] on the global timer, ns from the grid's first begin."""
+    ctas = {i: span[4 * i: 4 * i + 4] for i in range(CTAS) if span[4 * i] and span[4 * i + 2]}
+    t0 = min((c[0] for c in ctas.values()), default=0)
+    return {i: [c[0] - t0, c[2] - t0] for i, c in ctas.items()}
 
 
 def report(flat, span, cta: int, value_first: bool, title: str) -> None:

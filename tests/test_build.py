@@ -188,6 +188,8 @@ def test_clock_trace_report_of_a_known_trace(capsys):
     assert "WG0's last event -> results written 500 in all" in out
     assert "results written -> the next piece begins 1750 in all" in out
     assert "the last results -> the CTA's end 1650" in out
+    spans = clock_trace.spans_ns(span)  # --spans: ns from the grid's first begin
+    assert len(spans) == 132 and spans[0] == [0, 20_000] and spans[7] == [0, 12_000] and spans[131] == [131, 21_310]
 
 
 def test_parse_ptxas_report():
