@@ -144,19 +144,33 @@ __device__ __forceinline__ void pv_rs(float (&o)[kAcc], uint32_t (&a)[Cfg::kTile
 }
 
 // Row h (f.r + 8 h, CTA row R) of this thread's accumulators o[kFrom, kTo), whose o[0] is output
-// column col0, scaled by inv: into out (and lse, where with_lse) when the CTA holds the
-// sequence's whole range, else into the partials for the combine.
+// column col0 (2 q past an 8-column group's start, q = the thread's place in its quad), scaled by
+// inv: into out (and lse, where with_lse) when the CTA holds the sequence's whole range, else
+// into the partials for the combine. In the accumulator layout a quad holds a row's 8-column
+// group i two columns a thread. 16-bit out: the two threads of a pair (q, q ^ 1) swap their packed
+// halves of groups i and i + 1 (one shuffle), so that each stores 4 consecutive columns (q even:
+// group i's 2 q .. 2 q + 3; odd: group i + 1's 2 q - 2 .. 2 q + 1) in one 8-byte store, half the
+// store instructions (each as many cache lines: 8 rows). (The fp32 partials, the same way with two
+// shuffles a store, spilled in the part kernels: they keep a store a group.) A quad is one row,
+// so a pair is active together: the caller may skip rows by quad.
 template <class Cfg, int kFrom, int kTo, int kAcc>
 __device__ __forceinline__ void write_row(const AttnccArgs& a, const CtaWork<Cfg>& w, const float (&o)[kAcc], int h, int R, float inv,
                                           float lse, int col0, bool with_lse) {
-  static_assert(kFrom % 4 == 0 && kTo % 4 == 0 && 0 <= kFrom && kFrom < kTo && kTo <= kAcc, "whole 8-column groups");
+  static_assert(kFrom % 8 == 0 && kTo % 8 == 0 && 0 <= kFrom && kFrom < kTo && kTo <= kAcc, "whole pairs of 8-column groups");
   const int tq = w.row_token(R);
   const int hq = w.head * Cfg::kGroup + w.row_head(R);
   if (w.slot < 0) {
     using E = Elem16<Cfg::kElem>;
-    auto* out = static_cast<typename E::T*>(a.out) + w.out_row(a.s_q, tq, hq) * Cfg::kDV + col0;
+    const bool odd = threadIdx.x & 1;                   // q odd: the pair's second thread
+    const unsigned pair = __activemask();
+    auto* out = static_cast<typename E::T*>(a.out) + w.out_row(a.s_q, tq, hq) * Cfg::kDV + col0 + (odd ? 8 - 2 : 0);
 #pragma unroll
-    for (int i = kFrom / 4; i < kTo / 4; ++i) *reinterpret_cast<uint32_t*>(out + 8 * i) = E::pack(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+    for (int i = kFrom / 4; i < kTo / 4; i += 2) {
+      const uint32_t mine = E::pack(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      const uint32_t next = E::pack(o[4 * i + 4 + 2 * h] * inv, o[4 * i + 4 + 2 * h + 1] * inv);
+      const uint32_t got = __shfl_xor_sync(pair, odd ? mine : next, 1);
+      *reinterpret_cast<uint2*>(out + 8 * i) = odd ? make_uint2(got, next) : make_uint2(mine, got);
+    }
     if (with_lse) a.lse[w.lse_index(a.s_q, tq, hq)] = lse;
   } else {
     const long long prow = w.partial_row(a, tq, hq);
