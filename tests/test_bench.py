@@ -112,3 +112,26 @@ def test_stall_profile_splits_roles_at_setmaxnreg(tmp_path, capsys):
     not_ncu.write_text("a,b\n1,2\n")
     with pytest.raises(SystemExit, match="not ncu's source page"):
         sp.main(["summary", str(not_ncu)])
+
+
+def test_kernel_split_groups_a_profile_into_calls():
+    """bench/kernel_split.py: kernel events of several calls (with the flush and spin kernels
+    between, in any order) become each kernel's median duration and a call's median span; calls
+    that launched different kernels, or a count that does not divide, are refused."""
+    ks = load_script(REPO / "bench" / "kernel_split.py", "attncc_bench_kernel_split")
+    events = []
+    for i, t0 in enumerate((0.0, 1000.0, 2000.0)):
+        events += [("at::native::vectorized_elementwise_kernel", t0, t0 + 50),
+                   ("at::cuda::(anonymous namespace)::spin_kernel(long)", t0 + 50, t0 + 100),
+                   ("void attncc::hopper::decode_parts_kernel<Cfg>", t0 + 101, t0 + 101 + 400 + i),
+                   ("void attncc::combine_kernel<Cfg>", t0 + 510, t0 + 510 + 20 - i)]
+    kernels, span = ks.per_call(events[::-1], 3)
+    assert kernels == [("void attncc::hopper::decode_parts_kernel<Cfg>", 401.0), ("void attncc::combine_kernel<Cfg>", 19.0)]
+    assert span == 428.0  # the median, call 1: 1101 -> 1529
+    with pytest.raises(ValueError, match="not 4 calls"):
+        ks.per_call(events, 4)
+    swapped = events[:2] + [events[3], events[2]] + events[4:]  # call 0's kernels, the other way round
+    swapped[2] = (swapped[2][0], 101.0, 120.0)
+    swapped[3] = (swapped[3][0], 130.0, 530.0)
+    with pytest.raises(ValueError, match="different kernels"):
+        ks.per_call(swapped, 3)
