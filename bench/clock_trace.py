@@ -135,14 +135,19 @@ def spans_ns(span) -> dict:
     return {i: [c[0] - t0, c[2] - t0] for i, c in ctas.items()}
 
 
+def role_events(flat, role: int, first: int, events: int = EVENTS):
+    """Role `role`'s first `events` events of each slot, cycles from `first` (None: not recorded)."""
+    at = lambda i, e: flat[(role * SLOTS + i) * EVENTS + e]  # noqa: E731
+    return [[at(i, e) - first if at(i, e) > 0 else None for e in range(events)] for i in range(SLOTS)]
+
+
 def report(flat, span, cta: int, value_first: bool, title: str) -> None:
     """The trace's tables from the arrays read back (core/trace.cuh's trace_clock and trace_span,
     flattened): the steady pairs' phases, then the timeline."""
     if not any(flat):
         raise SystemExit(f"CTA {cta} recorded nothing (a grid of fewer blocks?)")
     first = min(v for v in flat if v > 0)  # cycles from the CTA's first event; None: not recorded
-    w0, w1, pr = ([[flat[(r * SLOTS + i) * EVENTS + e] - first if flat[(r * SLOTS + i) * EVENTS + e] > 0 else None
-                    for e in range(EVENTS)] for i in range(SLOTS)] for r in range(3))
+    w0, w1, pr = (role_events(flat, r, first) for r in range(3))
     pairs = sum(row[0] is not None for row in w0)
     steady = [i for i in range(2, pairs - 2) if None not in w0[i] and None not in w1[i] and w0[i + 1][0] is not None]
     print(f"{title}: CTA {cta}, {pairs} pairs, {len(steady)} steady; "
@@ -162,22 +167,20 @@ def report(flat, span, cta: int, value_first: bool, title: str) -> None:
     print("  release -> producer: WG0's O_L += P_a V_a -> EMPTY early of the next a "
           f"{median([gap(w0[i][5], pr[2 * (i + 1)][1]) for i in steady])}; WG1's O_R += P_a V_a -> EMPTY late "
           f"{median([gap(w1[i][6], pr[2 * (i + 1)][2]) for i in steady])}")
-    pieces = [[flat[(3 * SLOTS + i) * EVENTS + e] - first if flat[(3 * SLOTS + i) * EVENTS + e] > 0 else None
-               for e in range(3)] for i in range(SLOTS)]
+    pieces = role_events(flat, 3, first, events=3)
     timeline(span, cta, first, w0, pieces, pairs, [gap(w0[i][0], w0[i + 1][0]) for i in steady])
 
 
 def timeline(span, cta, first, w0, pieces, pairs, periods) -> None:
     """Where the call's time goes beyond the steady pairs: core/trace.cuh's spans (every CTA's
     begin and end: global ns, SM clock) and role 3 (the traced CTA's pieces), cycles from `first`."""
-    ctas = [span[4 * i: 4 * i + 4] for i in range(CTAS) if span[4 * i] and span[4 * i + 2]]
+    ctas = spans_ns(span)
     mine = span[4 * cta: 4 * cta + 4]
-    if not ctas or not (mine[0] and mine[2]):
+    if cta not in ctas:
         print("  timeline: no spans recorded")
         return
-    t0 = min(c[0] for c in ctas)
-    begins = sorted((c[0] - t0) / 1e3 for c in ctas)
-    ends = sorted((c[2] - t0) / 1e3 for c in ctas)
+    begins = sorted(b / 1e3 for b, _ in ctas.values())
+    ends = sorted(e / 1e3 for _, e in ctas.values())
     ns, cycles = mine[2] - mine[0], mine[3] - mine[1]
     print(f"  grid: {len(ctas)} CTAs, the last begins {begins[-1]:.1f} us after the first; they end "
           f"{ends[0]:.1f} (min) / {statistics.median(ends):.1f} (median) / {ends[-1]:.1f} (max) us after it; "

@@ -164,7 +164,8 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   bool bad_len;
   const PieceTiles<Cfg> pt(a, w, bad_len);
   if (bad_len && ct == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SEQLEN);
-  ATTNCC_TRACE(ct == 0, 3, pr.pairs, 0);
+  const int first_pair = pr.pairs;  // the piece's trace slot (role 3)
+  ATTNCC_TRACE(ct == 0, 3, first_pair, 0);
   if (ct == 0) stash(smem + Cfg::kWorkOff, w);
   // Q rows -> boxes of the Q tile (zero past the CTA's rows)
   const char* q_any = static_cast<const char*>(a.q);
@@ -183,7 +184,6 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   cp_async_wait<0>();
   fence_async_shared();
   bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // Q and the work stash visible
-  const int first_pair = pr.pairs;
   ATTNCC_TRACE(ct == 0, 3, first_pair, 1);
   if constexpr (Cfg::kSeesaw) {
     consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
