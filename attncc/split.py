@@ -100,11 +100,15 @@ def metadata(plan, seqlens, s_q: int, sms: int, ctas_per_sm: int,
 
 def workspace_shapes(plan, batch: int, s_q: int, splits: int, parts: int):
     """(partial_out, partial_lse) shapes of a launch (abi.h), or None when it needs none.
-    Part mode: only a part's first and last pieces can be partial, so 2 slots per part."""
+    Part mode: only a part's first and last pieces can be partial, so 2 slots per part; the
+    partial lse is followed by the slots' ready words, one per lane (core/ready.cuh), in one
+    flat float32 allocation."""
     if not (splits > 1 or parts):
         return None
-    slots, slot_batch = (2 * parts, 1) if parts else (splits, batch)
-    return ((slots, slot_batch, s_q, plan.heads_q, plan.d_v), (slots, slot_batch, s_q, plan.heads_q))
+    if parts:
+        rows = 2 * parts * s_q * plan.heads_q
+        return ((2 * parts, 1, s_q, plan.heads_q, plan.d_v), (rows + 2 * parts * lanes(plan, s_q),))
+    return ((splits, batch, s_q, plan.heads_q, plan.d_v), (splits, batch, s_q, plan.heads_q))
 
 
 def workspace_bytes(plan, batch: int, s_q: int, splits: int, parts: int) -> int:

@@ -20,6 +20,7 @@ from attncc.families import Family, KernelConfig, MmaSyncFamily, Refusal
 from attncc.lower import UnsupportedSpec, lower
 from attncc.render import constant_name, constants, render
 
+from specs import EXTRA
 from support import compile_quiet, have_nvcc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -160,7 +161,10 @@ def test_workspace_shapes_follow_the_mode():
     plan = compile_quiet(REPO / "examples" / "mla.attn").plan
     assert split.workspace_shapes(plan, 8, 2, 1, 0) is None
     assert split.workspace_shapes(plan, 8, 2, 3, 0) == ((3, 8, 2, 128, 512), (3, 8, 2, 128))
-    assert split.workspace_shapes(plan, 8, 2, 1, 33) == ((66, 1, 2, 128, 512), (66, 1, 2, 128))
+    # part mode: the partial lse, then a ready word per slot and lane (s_q 2 x 128 heads: 4 row
+    # blocks of 64, one kv head)
+    assert split.lanes(plan, 2) == 4
+    assert split.workspace_shapes(plan, 8, 2, 1, 33) == ((66, 1, 2, 128, 512), (66 * 2 * 128 + 66 * 4,))
     assert split.workspace_bytes(plan, 8, 2, 3, 0) == 4 * (3 * 8 * 2 * 128 * 513)
 
 
@@ -182,6 +186,25 @@ def test_the_cpp_rejects_a_config_it_cannot_run(tmp_path, change, message):
     with pytest.raises(attncc.build.BuildError) as info:
         attncc.build.compile_source(bad, tmp_path, progress=False)
     assert message in info.value.log
+
+
+@pytest.mark.parametrize("family", ["hopper", "mma_sync"])
+def test_ready_words_on_sparse_plans_with_a_dependent_combine(family):
+    """Part mode's ready words (core/ready.cuh): on for sparse plans whose combine is a
+    programmatic dependent (sm90a), rendered as kReadyWords and explained; off for dense plans
+    and for a target without dependent launch. The kernels also turn them off at launch where
+    parts outnumber the sequences (ready_words_on)."""
+    sparse = compile_quiet(EXTRA["sparse_bf16_h128"], family=family)
+    assert sparse.plan.config.ready_words is True
+    assert re.search(r"^\s+ready_words\s+True\s+on: sparse queries outnumber the parts", sparse.explain(), re.M)
+    assert "static constexpr bool kReadyWords = true;" in render(sparse.plan)
+    dense = compile_quiet(REPO / "examples" / "mla.attn", family=family)
+    assert dense.plan.config.ready_words is False
+    assert re.search(r"^\s+ready_words\s+False\s+off: dense", dense.explain(), re.M)
+    assert "static constexpr bool kReadyWords = false;" in render(dense.plan)
+    old = compile_quiet(GQA8 + "\nschedule gqa8 {\n    target sm80\n}\n")
+    assert old.plan.config.ready_words is False
+    assert re.search(r"^\s+ready_words\s+False\s+off: no programmatic dependent launch", old.explain(), re.M)
 
 
 @pytest.mark.parametrize("family", ["hopper", "mma_sync"])

@@ -133,6 +133,25 @@ def test_forced_part_counts(kernels, name, parts):
     _check_on_parts(k, [0, 1500, 0, 77, 1, 0, 3 * k.spec.page_size + 1, 0], parts, seed=parts)
 
 
+@pytest.mark.parametrize("name", with_families(["mla_fp8_sparse", "sparse_bf16_h128", "sparse_fp8_h64"]))
+def test_ready_words_of_an_earlier_call_are_never_taken(kernels, name):
+    """Part mode with ready words (core/ready.cuh: sparse plans, sequences >= parts): calls one
+    after another on the same shapes get the same workspace back from the caching allocator,
+    its words set by the call before; each call's combine must still wait for its own decode
+    kernel's partials (each decode CTA clears its words before it lets the combine launch).
+    Six calls on fresh inputs, 16 queries on 5 parts, each against the reference."""
+    k = kernels[name]
+    s_q = k.spec.max_query_len
+    lengths = [1, 0, 2000, 77, 3 * k.spec.page_size + 1, 500, 0, 1200]
+    assert len(lengths) * s_q >= 5, "sequences (queries) >= parts: the words are on"
+    for i in range(6):
+        case = testing.random_case(k.spec, lengths, s_q, seed=7000 + i)
+        out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                        case.indices, k.spec.softmax_scale, -5)
+        result = testing.compare(k.spec, case, out, lse)
+        assert result.ok, f"{name} call {i}: {result}"
+
+
 @pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64",
                                         "mla_fp8_page1_h64", "mla_fp8_per128_h64", "gla_fp8_e5m2", "sparse_fp8_h64",
                                         "mla_fp8_crossover", "sparse_fp8_h128"]))

@@ -39,6 +39,8 @@ class KernelConfig:
     registers: int       # register budget per thread (the launch bounds give it)
     compute_bound: bool  # the tensor pipe, not the cache stream, bounds a KV step
     dependent_launch: bool  # the combine is a programmatic dependent of the decode kernel
+    ready_words: bool    # part mode: the combine merges a sequence once its pieces' ready words
+                         # are set, not after the decode grid (core/ready.cuh)
     why: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def choices(self) -> dict:
@@ -55,6 +57,21 @@ DEPENDENT_LAUNCH_WHY = {
            "and waits for their partials (griddepcontrol)"),
     False: ("dependent_launch", "the target has no programmatic dependent launch"),
 }
+
+
+def ready_words(spec, target: Target) -> tuple[bool, tuple[str, str]]:
+    """Whether part mode's combine merges each sequence as soon as its pieces are written
+    (core/ready.cuh), and why. Sparse plans, whose sequences (b x s_q queries) outnumber the
+    parts at the batches they serve; measured on the H200 (bench/RESULTS.md, session 26,
+    same-process A/B, b = 128): sparse fp8 h_q 128 s_q 2 0.981 of the time, s_q 1 0.979, h_q 64
+    0.962. Not dense plans: with the words MLA b = 128 measured 1.000, b = 32 1.014, b = 8 1.013
+    (a first form, on everywhere)."""
+    if not target.dependent_launch:
+        return False, ("ready_words", "off: no programmatic dependent launch to start the combine early")
+    if not spec.sparse:
+        return False, ("ready_words", "off: dense (no gain measured at b = 128; MLA b <= 32 slower)")
+    return True, ("ready_words", "on: sparse queries outnumber the parts; the combine merges each as its "
+                  "pieces land, while the decode grid's last parts run (where sequences >= parts)")
 
 
 class Family:

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from ..ir import DTYPES, Spec
 from ..layout import Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal
+from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, ready_words
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by both consumer warp groups
@@ -340,10 +340,11 @@ class HopperFamily(Family):
              f"{target.smem_per_block} B"),
             DEPENDENT_LAUNCH_WHY[target.dependent_launch],
         )
+        ready, ready_why = ready_words(spec, target)
         return HopperConfig(
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
-            dependent_launch=target.dependent_launch, seesaw=seesaw, crossover=crossover,
+            dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
             value_first=converts, slots_ahead=converts,
             consumer_registers=CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
             producer_registers=PRODUCER_REGISTERS if seesaw or layout.fp8 else STACKED_PRODUCER_REGISTERS,
@@ -351,4 +352,4 @@ class HopperFamily(Family):
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
             **r,
-            consumer_barrier=1, producer_barrier=2, barriers=3, why=why)
+            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why,))

@@ -58,6 +58,7 @@ struct Config {
   static constexpr int kRegisters = 168;  // launch bounds (384 threads, 1 CTA): 168, then setmaxnreg
   static constexpr bool kComputeBound = true;  // a 128-row tile reads each token once for 128 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
+  static constexpr bool kReadyWords = false;  // off: dense (no gain measured at b = 128; MLA b <= 32 slower)
   static constexpr bool kSeesaw = false;  // not chosen: a 256-wide value fits one warp group's accumulators (128 registers a thread), so each group takes whole rows (stacked); `seesaw` asks for it
   static constexpr bool kCrossover = false;  // no fp8 run to share
   static constexpr bool kValueFirst = false;  // seesaw only

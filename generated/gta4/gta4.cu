@@ -58,6 +58,7 @@ struct Config {
   static constexpr int kRegisters = 255;  // launch bounds (128 threads, 1 CTA): 255 per thread
   static constexpr bool kComputeBound = false;  // 2 tile_m (d_k + d_v) = 8192 < 64 x 384 record bytes per kv head
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
+  static constexpr bool kReadyWords = false;  // off: dense (no gain measured at b = 128; MLA b <= 32 slower)
   static constexpr int kWarps = 4;  // the fewest warps with a register-legal layout
   static constexpr int kWarpRows = 16;  // the legal row count reading the fewest shared bytes
   static constexpr int kWarpsM = 1;

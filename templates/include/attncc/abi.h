@@ -32,6 +32,8 @@
  * Workspace (attncc/split.py's workspace_shapes is the host's one statement of it):
  *   split mode  partial_out [num_splits, b, s_q, h_q, d_v], partial_lse [num_splits, b, s_q, h_q]
  *   part mode   partial_out [2 num_parts, 1, s_q, h_q, d_v], partial_lse [2 num_parts, 1, s_q, h_q]
+ *               then int32 ready words [2 num_parts, lanes] (core/ready.cuh; lanes: row blocks x
+ *               kv heads), in partial_lse's allocation
  */
 #ifndef ATTNCC_ABI_H_
 #define ATTNCC_ABI_H_
@@ -66,7 +68,8 @@ typedef struct AttnccArgs {
   const int* indices;     /* sparse only: [b, s_q, topk] int32 slots (page * P + offset), -1 = none */
   float* partial_out;     /* workspace [num_splits, b, s_q, h_q, d_v] float32 (split mode), or
                              [2 num_parts, s_q, h_q, d_v] (part mode); NULL when neither is > 1 / > 0 */
-  float* partial_lse;     /* workspace [num_splits, b, s_q, h_q] or [2 num_parts, s_q, h_q] float32 */
+  float* partial_lse;     /* workspace [num_splits, b, s_q, h_q] or [2 num_parts, s_q, h_q] float32
+                             (part mode: then the ready words, above) */
   int batch, s_q;
   int num_splits;         /* split mode: each sequence's tiles in this many equal ranges (1 when num_parts > 0) */
   int num_parts;          /* part mode when > 0: all sequences' tiles cut into this many equal parts

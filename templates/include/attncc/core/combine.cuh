@@ -16,14 +16,23 @@
 // b = 1 merges 66 parts a row: 127 -> 49 us a call on the H200, decode included).
 //
 // Where the plan says so (dependent_launch<Cfg>(), common.cuh), launched as a programmatic
-// dependent of the decode kernel (CombineLaunch::launch): it reads the sequence lengths (inputs)
-// before griddepcontrol.wait, the decode kernel's partials after it, and every block waits
-// before it exits, so that the combine's grid never completes before the decode kernel's.
+// dependent of the decode kernel (CombineLaunch::launch). Split mode: it reads the sequence
+// lengths (inputs) before griddepcontrol.wait, the decode kernel's partials after it, and every
+// block waits before it exits, so that the combine's grid never completes before the decode
+// kernel's. Part mode with ready words (core/ready.cuh: where sequences are at least as many as
+// parts): the decode CTAs let it launch as they start, and a block merges its sequence as soon
+// as the ready words of its pieces are set, while the decode grid's last parts still run; a
+// sequence the decode kernel wrote whole needs no wait. Block 0 alone waits for the decode grid
+// (griddepcontrol.wait), first, which keeps the combine's grid from completing before the decode
+// kernel's. Without them, as split mode. (A block reads the partials by plain loads after warp
+// 0's acquire loads of the words and a CTA barrier: each acquire synchronizes with a writer's
+// release, and the barrier orders the block's loads after it.)
 #pragma once
 
 #include "attncc/abi.h"
 #include "attncc/core/common.cuh"
 #include "attncc/core/ptx.cuh"
+#include "attncc/core/ready.cuh"
 #include "attncc/core/schedule.cuh"
 #include "attncc/core/work.cuh"
 
@@ -187,8 +196,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 2) combine_kernel(const __
   }
   __syncthreads();
   const SeqPieces sp = pieces;
-  wait_for_decode<Cfg>();
+  const bool ready = ready_words_on<Cfg>(args);  // else every block waits for the decode grid
+  if (!ready || blockIdx.x == 0) wait_for_decode<Cfg>();
   if (sp.whole()) return;  // the decode kernel wrote this sequence
+  if (ready) {
+    if (warp == 0) wait_ready<Cfg>(args, sp, lane);  // its pieces' partials written (core/ready.cuh)
+    __syncthreads();
+  }
   // The pieces in part order: parts first .. last, minus the empty ones (slot -1).
   const long long slot_rows = static_cast<long long>(args.s_q) * Cfg::kHeadsQ;
   const int row0 = chunk * part_rows, rows = min(seq_rows - row0, part_rows);

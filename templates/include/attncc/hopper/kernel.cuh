@@ -30,6 +30,7 @@
 #include "attncc/core/common.cuh"
 #include "attncc/core/paging.cuh"
 #include "attncc/core/ptx.cuh"
+#include "attncc/core/ready.cuh"
 #include "attncc/core/work.cuh"
 #include "attncc/hopper/barrier.cuh"
 #include "attncc/hopper/cluster.cuh"
@@ -253,11 +254,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
 }
 
 // Part mode: each role walks the part's pieces (its own copy of the walk in shared memory,
-// advanced by its first thread between the role's barriers). Each role has its own loop: code
+// advanced by its first thread between the role's barriers; done(slot): what that thread does
+// first, the piece's partial slot or -1 in hand). Each role has its own loop: code
 // reachable after a setmaxnreg runs within that budget, so a loop shared by both roles would
 // hold the consumers to the producer's registers.
-template <class Cfg, class F>
-__device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned char* walk, int barrier, int threads, int rt, F&& piece) {
+template <class Cfg, class F, class Done>
+__device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned char* walk, int barrier, int threads, int rt, F&& piece,
+                                            Done&& done) {
   using W = CtaWork<Cfg>;
   for (;;) {
     const PartWalk pw = unstash_walk(walk);
@@ -266,6 +269,7 @@ __device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned cha
     bar_sync(barrier, threads);  // the role is past the piece (and the walk's reads)
     if (rt == 0) {
       PartWalk next = unstash_walk(walk);
+      done(next.piece(W::seq_tiles(args, next.seq)).slot);  // the role's first thread, once the role is past the piece
       next.next(W::seq_tiles(args, next.seq));
       stash(walk, next);
     }
@@ -290,15 +294,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     const int p = threadIdx.x - 2 * kGroupThreads;
-    walk_pieces<Cfg>(args, smem + Cfg::kWalkPOff, Cfg::kProducerBarrier, kGroupThreads, p,
-                     [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, pr); });
+    walk_pieces<Cfg>(
+        args, smem + Cfg::kWalkPOff, Cfg::kProducerBarrier, kGroupThreads, p,
+        [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, pr); }, [](int) {});
     cp_async_commit();
     cp_async_wait<0>();
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegisters>();
-    walk_pieces<Cfg>(args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
-                     [&](const CtaWork<Cfg>& w) { consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, pr); });
-    if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();  // the part's results are written
+    // With ready words (core/ready.cuh), the consumers' first thread clears the CTA's and lets the
+    // combine launch at once: its blocks merge each sequence once its words are set. (Here, not
+    // before the roles part, where GLA-2's part kernels spilled 76-88 bytes, nor in the
+    // producer, where sparse_bf16_h128's spilled 92.)
+    if (threadIdx.x == 0 && ready_words_on<Cfg>(args)) {
+      clear_ready<Cfg>(args, blockIdx.x / W::lanes(args.s_q), blockIdx.x % W::lanes(args.s_q));
+      if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();
+    }
+    walk_pieces<Cfg>(
+        args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
+        [&](const CtaWork<Cfg>& w) {
+          consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, pr);
+          if (ready_words_on<Cfg>(args)) __threadfence();  // this thread's partial stores, before the piece's ready word
+        },
+        [&](int slot) {
+          if (slot >= 0 && ready_words_on<Cfg>(args)) mark_ready<Cfg>(args, slot, fresh_ctaid() % W::lanes(args.s_q));
+        });
+    if constexpr (dependent_launch<Cfg>()) {
+      if (!ready_words_on<Cfg>(args)) griddep_launch_dependents();  // the part's results are written
+    }
   }
   before_exit<Cfg>();
 }

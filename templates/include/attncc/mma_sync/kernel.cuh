@@ -70,6 +70,7 @@
 #include "attncc/core/copy.cuh"
 #include "attncc/core/paging.cuh"
 #include "attncc/core/ptx.cuh"
+#include "attncc/core/ready.cuh"
 #include "attncc/core/softmax.cuh"
 #include "attncc/core/work.cuh"
 #include "attncc/mma_sync/mainloop.cuh"
@@ -369,7 +370,15 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
   static_assert(9 * 4 <= T::kWalkOffset && 12 * 4 <= T::kWorkBytes - T::kWalkOffset, "work stash: 9 and 12 words");
   if (threadIdx.x < 32) {
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x);
-    if (threadIdx.x == 0) stash(walk, pw);
+    if (threadIdx.x == 0) {
+      stash(walk, pw);
+      // with ready words (core/ready.cuh) the combine may launch at once: its blocks merge each
+      // sequence once its words are set
+      if (ready_words_on<Cfg>(args)) {
+        clear_ready<Cfg>(args, blockIdx.x / W::lanes(args.s_q), blockIdx.x % W::lanes(args.s_q));
+        if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();
+      }
+    }
   }
   __syncthreads();
   // Nothing is carried in registers from one piece to the next: the walk is in shared memory
@@ -378,15 +387,20 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
     const PartWalk pw = unstash_walk(walk);
     if (!pw.has_piece()) break;
     decode_tiles<Cfg>(args, W::of_piece(args, fresh_ctaid() % W::lanes(args.s_q), pw.piece(W::seq_tiles(args, pw.seq))));
+    if (ready_words_on<Cfg>(args)) __threadfence();  // this thread's partial stores, before the piece's ready word
     __syncthreads();  // every thread is past the piece's epilogue and its last shared read
     if (threadIdx.x == 0) {
       PartWalk next = unstash_walk(walk);
+      const int slot = next.piece(W::seq_tiles(args, next.seq)).slot;
+      if (slot >= 0 && ready_words_on<Cfg>(args)) mark_ready<Cfg>(args, slot, fresh_ctaid() % W::lanes(args.s_q));
       next.next(W::seq_tiles(args, next.seq));
       stash(walk, next);
     }
     __syncthreads();
   }
-  if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();  // the part's results are written
+  if constexpr (dependent_launch<Cfg>()) {
+    if (!ready_words_on<Cfg>(args)) griddep_launch_dependents();  // the part's results are written
+  }
 }
 
 }  // namespace attncc
