@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attncc
-from attncc import storage, testing
+from attncc import split, storage, testing
 from attncc.ops import cache_list, op_for
 
 from specs import all_specs, without_crossover
@@ -139,13 +139,16 @@ def test_ready_words_of_an_earlier_call_are_never_taken(kernels, name):
     after another on the same shapes get the same workspace back from the caching allocator,
     its words set by the call before; each call's combine must still wait for its own decode
     kernel's partials (each decode CTA clears its words before it lets the combine launch).
-    Six calls on fresh inputs, 16 queries on 5 parts, each against the reference."""
+    Six calls on fresh inputs, 16 queries on 5 parts, each against the reference, the workspace
+    poisoned before each (NaN: its words read as set, its partials as NaN) and the outputs too."""
     k = kernels[name]
     s_q = k.spec.max_query_len
     lengths = [1, 0, 2000, 77, 3 * k.spec.page_size + 1, 500, 0, 1200]
-    assert len(lengths) * s_q >= 5, "sequences (queries) >= parts: the words are on"
+    assert k.plan.config.ready_words and len(lengths) * s_q >= 5, "sequences (queries) >= parts: the words are on"
     for i in range(6):
         case = testing.random_case(k.spec, lengths, s_q, seed=7000 + i)
+        _poison(k.spec, len(lengths), s_q)
+        testing.poison_allocator(*((shape, torch.float32) for shape in split.workspace_shapes(k.plan, len(lengths), s_q, 1, 5)))
         out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
                         case.indices, k.spec.softmax_scale, -5)
         result = testing.compare(k.spec, case, out, lse)
