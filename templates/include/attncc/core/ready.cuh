@@ -18,6 +18,7 @@
 
 #include "attncc/abi.h"
 #include "attncc/core/common.cuh"
+#include "attncc/core/ptx.cuh"
 #include "attncc/core/work.cuh"
 
 namespace attncc {
@@ -35,34 +36,46 @@ __host__ __device__ __forceinline__ bool ready_words_on(const AttnccArgs& a) {
   return Cfg::kReadyWords && dependent_launch<Cfg>() && a.num_parts > 0 && CtaWork<Cfg>::num_seqs(a) >= a.num_parts;
 }
 
+// The words, and the word of slot `slot`, lane `lane`.
 template <class Cfg>
 __device__ __forceinline__ int* ready_words(const AttnccArgs& a) {
   return reinterpret_cast<int*>(a.partial_lse + 2LL * a.num_parts * a.s_q * Cfg::kHeadsQ);
 }
-
-__device__ __forceinline__ void store_release_gpu(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int load_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Decode, part `part`'s CTA of lane `lane`, one thread, before the CTA lets the combine launch.
 template <class Cfg>
-__device__ __forceinline__ void clear_ready(const AttnccArgs& a, int part, int lane) {
-  int* w = ready_words<Cfg>(a) + 2 * part * CtaWork<Cfg>::lanes(a.s_q) + lane;
-  w[0] = 0;
-  w[CtaWork<Cfg>::lanes(a.s_q)] = 0;
+__device__ __forceinline__ int* ready_word(const AttnccArgs& a, int slot, int lane) {
+  return ready_words<Cfg>(a) + slot * CtaWork<Cfg>::lanes(a.s_q) + lane;
+}
+
+// The decode's part kernels, in order:
+// at the start, one thread of the CTA (part, lane from the block index): with ready words, its
+// words cleared and the combine let launch (no other thread of the CTA issues the trigger).
+template <class Cfg>
+__device__ __forceinline__ void open_ready(const AttnccArgs& a) {
+  if (!ready_words_on<Cfg>(a)) return;
+  const int lanes = CtaWork<Cfg>::lanes(a.s_q), part = blockIdx.x / lanes, lane = blockIdx.x % lanes;
+  int* w = ready_word<Cfg>(a, 2 * part, lane);
+  w[0] = 0;      // slot 2 part
+  w[lanes] = 0;  // slot 2 part + 1
   __threadfence();
+  if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();
 }
-
-// Decode, one thread, once every writer of slot `slot`'s partials has fenced its stores
-// (__threadfence) and the writers have met at a barrier.
+// after a piece, every writer of its results, before the writers meet: its partial stores fenced
 template <class Cfg>
-__device__ __forceinline__ void mark_ready(const AttnccArgs& a, int slot, int lane) {
-  store_release_gpu(ready_words<Cfg>(a) + slot * CtaWork<Cfg>::lanes(a.s_q) + lane, 1);
+__device__ __forceinline__ void fence_partials(const AttnccArgs& a) {
+  if (ready_words_on<Cfg>(a)) __threadfence();
+}
+// then one thread, once they have met: the piece's slot marked ready (slot -1: written whole)
+template <class Cfg>
+__device__ __forceinline__ void mark_ready(const AttnccArgs& a, int slot) {
+  if (slot >= 0 && ready_words_on<Cfg>(a)) store_release_gpu(ready_word<Cfg>(a, slot, fresh_ctaid() % CtaWork<Cfg>::lanes(a.s_q)), 1);
+}
+// at the end, the CTA's threads, its results written: without ready words, the combine let
+// launch only now
+template <class Cfg>
+__device__ __forceinline__ void close_parts(const AttnccArgs& a) {
+  if constexpr (dependent_launch<Cfg>()) {
+    if (!ready_words_on<Cfg>(a)) griddep_launch_dependents();
+  }
 }
 
 // Combine, one warp: until the words of every lane of every slot of `sp`'s pieces are set.
@@ -74,7 +87,7 @@ __device__ __forceinline__ void wait_ready(const AttnccArgs& a, const SeqPieces&
   for (int i = lane; i < n; i += 32) {
     const int slot = sp.slot(sp.first + i / lanes);
     if (slot < 0) continue;  // an empty part: no piece
-    const int* w = words + slot * lanes + i % lanes;
+    const int* w = words + slot * lanes + i % lanes;  // ready_word's, the base out of the loop
     while (load_acquire_gpu(w) == 0) __nanosleep(256);
   }
   __syncwarp();

@@ -305,22 +305,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     // combine launch at once: its blocks merge each sequence once its words are set. (Here, not
     // before the roles part, where GLA-2's part kernels spilled 76-88 bytes, nor in the
     // producer, where sparse_bf16_h128's spilled 92.)
-    if (threadIdx.x == 0 && ready_words_on<Cfg>(args)) {
-      clear_ready<Cfg>(args, blockIdx.x / W::lanes(args.s_q), blockIdx.x % W::lanes(args.s_q));
-      if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();
-    }
+    if (threadIdx.x == 0) open_ready<Cfg>(args);
     walk_pieces<Cfg>(
         args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
         [&](const CtaWork<Cfg>& w) {
           consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, pr);
-          if (ready_words_on<Cfg>(args)) __threadfence();  // this thread's partial stores, before the piece's ready word
+          fence_partials<Cfg>(args);
         },
-        [&](int slot) {
-          if (slot >= 0 && ready_words_on<Cfg>(args)) mark_ready<Cfg>(args, slot, fresh_ctaid() % W::lanes(args.s_q));
-        });
-    if constexpr (dependent_launch<Cfg>()) {
-      if (!ready_words_on<Cfg>(args)) griddep_launch_dependents();  // the part's results are written
-    }
+        [&](int slot) { mark_ready<Cfg>(args, slot); });
+    close_parts<Cfg>(args);
   }
   before_exit<Cfg>();
 }

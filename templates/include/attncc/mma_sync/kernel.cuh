@@ -372,12 +372,7 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x);
     if (threadIdx.x == 0) {
       stash(walk, pw);
-      // with ready words (core/ready.cuh) the combine may launch at once: its blocks merge each
-      // sequence once its words are set
-      if (ready_words_on<Cfg>(args)) {
-        clear_ready<Cfg>(args, blockIdx.x / W::lanes(args.s_q), blockIdx.x % W::lanes(args.s_q));
-        if constexpr (dependent_launch<Cfg>()) griddep_launch_dependents();
-      }
+      open_ready<Cfg>(args);  // core/ready.cuh
     }
   }
   __syncthreads();
@@ -387,20 +382,17 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
     const PartWalk pw = unstash_walk(walk);
     if (!pw.has_piece()) break;
     decode_tiles<Cfg>(args, W::of_piece(args, fresh_ctaid() % W::lanes(args.s_q), pw.piece(W::seq_tiles(args, pw.seq))));
-    if (ready_words_on<Cfg>(args)) __threadfence();  // this thread's partial stores, before the piece's ready word
+    fence_partials<Cfg>(args);
     __syncthreads();  // every thread is past the piece's epilogue and its last shared read
     if (threadIdx.x == 0) {
       PartWalk next = unstash_walk(walk);
-      const int slot = next.piece(W::seq_tiles(args, next.seq)).slot;
-      if (slot >= 0 && ready_words_on<Cfg>(args)) mark_ready<Cfg>(args, slot, fresh_ctaid() % W::lanes(args.s_q));
+      mark_ready<Cfg>(args, next.piece(W::seq_tiles(args, next.seq)).slot);
       next.next(W::seq_tiles(args, next.seq));
       stash(walk, next);
     }
     __syncthreads();
   }
-  if constexpr (dependent_launch<Cfg>()) {
-    if (!ready_words_on<Cfg>(args)) griddep_launch_dependents();  // the part's results are written
-  }
+  close_parts<Cfg>(args);
 }
 
 }  // namespace attncc
