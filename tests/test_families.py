@@ -207,6 +207,36 @@ def test_ready_words_on_sparse_plans_with_a_dependent_combine(family):
     assert re.search(r"^\s+ready_words\s+False\s+off: no programmatic dependent launch", old.explain(), re.M)
 
 
+def test_scale_records_where_a_tokens_scales_are_one_aligned_16_byte_run():
+    """The Hopper producer copies a tile's fp8 scales as one 16-byte record a token (rendered
+    as kScaleRecordBytes, a region of tile_n records a stage after the part walks, explained)
+    where its fp8 run has one scale a box pair and 4 of them 16-byte aligned in the record;
+    otherwise a scale a copy, as before (scale groups of 64: a scale a 16-value chunk), and no
+    region where nothing is fp8."""
+    on = compile_quiet(EXTRA["sparse_fp8_h128"], family="hopper")
+    cfg = on.plan.config
+    assert cfg.scale_record_bytes == 16
+    assert cfg.scales_off >= cfg.walk_p_off + 12 * 4 and cfg.scales_off % 16 == 0
+    assert cfg.smem_bytes == cfg.scales_off + cfg.stages * cfg.tile_n * 16
+    source = render(on.plan)
+    assert "static constexpr int kScaleRecordBytes = 16;" in source
+    assert f"static constexpr int kScalesOff = {cfg.scales_off};" in source
+    assert re.search(r"^\s+scale_record_bytes\s+16\s+a token's 4 scales by one 16-byte copy a tile", on.explain(), re.M)
+    per64 = compile_quiet(EXTRA["mla_fp8_page1_h64"], family="hopper")
+    assert per64.plan.config.scale_record_bytes == 0
+    assert re.search(r"^\s+scale_record_bytes\s+0\s+off: scale groups of 64 values", per64.explain(), re.M)
+    dense = compile_quiet(REPO / "examples" / "mla.attn", family="hopper").plan.config
+    assert dense.scale_record_bytes == 0 and dense.smem_bytes == dense.scales_off
+    separate = compile_quiet("""attention sep128 {
+    heads q = 128, kv = 1
+    cache paged(64) separate { latent: e4m3[512] scale fp32 per 128  rope: bf16[64] }
+    key = latent ++ rope
+    value = latent
+}""", family="hopper")
+    assert separate.plan.config.scale_record_bytes == 0
+    assert re.search(r"^\s+scale_record_bytes\s+0\s+off: the scales are a tensor of their own", separate.explain(), re.M)
+
+
 @pytest.mark.parametrize("family", ["hopper", "mma_sync"])
 def test_the_combine_is_a_dependent_launch_where_the_target_has_it(family):
     """sm90a: the lowering makes the combine a programmatic dependent of the decode kernel,

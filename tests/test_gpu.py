@@ -512,6 +512,22 @@ def test_the_producer_paced_order_gives_the_same_bits(kernels, name):
     _assert_same_bits(k, k.op, off, name)
 
 
+@pytest.mark.parametrize("name", ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_per128_h64"])
+def test_scale_records_give_the_same_bits(kernels, name):
+    """Scale records (a token's 4 scales by one 16-byte copy a tile, read by every box pair's
+    conversion) move the same fp32 scales: the outputs are bitwise those of the plan that copies
+    a scale a token and pair, over forced splits and parts, with tokens without a slot (their
+    records zero-filled)."""
+    k = kernels[name]
+    cfg = k.plan.config
+    assert k.plan.family == "hopper" and cfg.scale_record_bytes == 16, name
+    smem = cfg.smem_bytes - cfg.stages * cfg.tile_n * cfg.scale_record_bytes
+    plain = dataclasses.replace(k.plan, config=dataclasses.replace(cfg, scale_record_bytes=0, smem_bytes=smem))
+    off = op_for(k.spec, plain, "_no_records")
+    assert off.library().path != k.op.library().path
+    _assert_same_bits(k, k.op, off, name)
+
+
 def test_attncc_check_raises_before_the_launch(kernels, monkeypatch):
     k = kernels["mla"]
     case = testing.random_case(k.spec, [100], 1, seed=50)

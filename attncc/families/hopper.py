@@ -72,6 +72,7 @@ STACKED_PRODUCER_REGISTERS = 56   # kernels spill 4-8 bytes; its producer, one s
 WORK_BYTES = 256       # the consumers' CtaWork (9 ints), then each role's part walk (12 ints)
 BARRIER_BYTES = 8      # an mbarrier
 HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups
+SCALE_RECORD_BYTES = 16  # a token's scales of its fp8 run (4 fp32), one copy a tile into the stage's records
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +105,9 @@ class HopperConfig(KernelConfig):
     work_off: int             # the consumers' CtaWork, then the part walks
     walk_c_off: int
     walk_p_off: int
+    scale_record_bytes: int   # a token's scales of the fp8 run, one 16-byte copy a tile (0: a
+                              # 4-byte copy a token and box pair, into the pair's first box)
+    scales_off: int           # ... the records: per stage, tile_n of them
     consumer_barrier: int     # named barriers: both consumer warp groups
     producer_barrier: int     # ... the producer warp group
     barriers: int
@@ -225,6 +229,33 @@ class HopperFamily(Family):
                         f"{spec.page_size}), a copy per box; a tile with a token outside the view "
                         "by cp.async")
 
+    @staticmethod
+    def _scale_records(layout: Layout) -> tuple[int, str]:
+        """Bytes of a token's scale record (0: none), and why. The producer copies a tile's fp8
+        scales by cp.async: 4 bytes a token and box pair (into the pair's first box, which the
+        conversion then overwrites), each such copy of a warp 16 shared-memory wavefronts (16
+        tokens); with records, one 16-byte copy a token and tile of all the run's scales."""
+        fp8 = [s for s in layout.sources if s.scale]
+        if not fp8:
+            return 0, "no fp8 run"
+        src = fp8[0]
+        sc = src.scale
+        tensor = layout.tensors[sc.tensor]
+        if len(fp8) > 1:
+            return 0, "off: more than one fp8 run"
+        if sc.group % (2 * BOX_COLS) or src.seg_lo % (2 * BOX_COLS):
+            return 0, f"off: scale groups of {sc.group} values: a scale a 16-value chunk, copied beside it"
+        if sc.count * 4 != SCALE_RECORD_BYTES:
+            return 0, f"off: {sc.count} scales a token, not {SCALE_RECORD_BYTES // 4}"
+        if sc.tensor != src.tensor:
+            # (a separate fp32 scale tensor's views need only 4-byte strides: ops.py)
+            return 0, "off: the scales are a tensor of their own, whose views may be 4-byte aligned"
+        if tensor.head_axis or (sc.offset_bytes + sc.first_group * 4) % 16 or sc.head_stride_bytes % 16 \
+                or tensor.token_stride_bytes % 16:
+            return 0, "off: a token's scales are not 16-byte aligned in its record"
+        return SCALE_RECORD_BYTES, (f"a token's {sc.count} scales by one {SCALE_RECORD_BYTES}-byte copy a tile into "
+                                    "the stage's records, not a 4-byte copy a box pair")
+
     def lower(self, spec: Spec, layout: Layout, target: Target) -> HopperConfig:
         if not target.wgmma:
             raise Refusal(f"needs wgmma; {target.name} has none", spec.schedule.span_of("target"))
@@ -239,6 +270,7 @@ class HopperFamily(Family):
         box_bytes = TILE_N * BOX_COLS * 2
         q_box_bytes = tile_m * BOX_COLS * 2
         kv_tile = boxes * box_bytes
+        records, records_why = self._scale_records(layout)
 
         def regions(stages: int) -> dict:
             q_off = 0
@@ -251,9 +283,11 @@ class HopperFamily(Family):
             flags_pitch = TILE_N + 16
             rows_off = flags_off + stages * flags_pitch
             work_off = rows_off + 5 * TILE_M * 4
+            scales_off = work_off + WORK_BYTES
             return dict(q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
                         flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,
-                        walk_c_off=work_off + 64, walk_p_off=work_off + 128, smem=work_off + WORK_BYTES)
+                        walk_c_off=work_off + 64, walk_p_off=work_off + 128, scales_off=scales_off,
+                        smem=scales_off + stages * TILE_N * records)
 
         def fits(stages: int) -> bool:
             return regions(stages)["smem"] <= target.smem_per_block
@@ -333,6 +367,7 @@ class HopperFamily(Family):
              else "the fp8 conversion of a box pair (4 tokens): 56 spilled with its loads in registers (ptxas, session 18)" if layout.fp8
              else "what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)"),
             ("tma_rows", tma_why),
+            ("scale_record_bytes", records_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),
             ("compute_bound", f"a {tile_m}-row tile reads each token once for {tile_m} rows"),
@@ -351,5 +386,6 @@ class HopperFamily(Family):
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
+            scale_record_bytes=records,
             **r,
             consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why,))

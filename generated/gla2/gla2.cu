@@ -83,6 +83,8 @@ struct Config {
   static constexpr int kWorkOff = 206544;
   static constexpr int kWalkCOff = 206608;
   static constexpr int kWalkPOff = 206672;
+  static constexpr int kScaleRecordBytes = 0;  // no fp8 run
+  static constexpr int kScalesOff = 206800;
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kProducerBarrier = 2;
   static constexpr int kBarriers = 3;

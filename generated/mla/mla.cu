@@ -83,6 +83,8 @@ struct Config {
   static constexpr int kWorkOff = 222848;
   static constexpr int kWalkCOff = 222912;
   static constexpr int kWalkPOff = 222976;
+  static constexpr int kScaleRecordBytes = 0;  // no fp8 run
+  static constexpr int kScalesOff = 223104;
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kProducerBarrier = 2;
   static constexpr int kBarriers = 3;

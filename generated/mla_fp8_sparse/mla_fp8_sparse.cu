@@ -54,7 +54,7 @@ struct Config {
   static constexpr int kTileN = 64;  // 64 tokens: a P tile is one box
   static constexpr int kStages = 2;  // 1 set of a pair's 2 stages: a second set (4 x 73728 B) does not fit
   static constexpr int kThreads = 384;  // a producer warp group and two consumer warp groups
-  static constexpr int kSmemBytes = 223136;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
+  static constexpr int kSmemBytes = 225184;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
   static constexpr int kRegisters = 168;  // launch bounds (384 threads, 1 CTA): 168, then setmaxnreg
   static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
@@ -83,6 +83,8 @@ struct Config {
   static constexpr int kWorkOff = 222880;
   static constexpr int kWalkCOff = 222944;
   static constexpr int kWalkPOff = 223008;
+  static constexpr int kScaleRecordBytes = 16;  // a token's 4 scales by one 16-byte copy a tile into the stage's records, not a 4-byte copy a box pair
+  static constexpr int kScalesOff = 223136;
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kProducerBarrier = 2;
   static constexpr int kBarriers = 3;

@@ -295,10 +295,26 @@ struct TileTokens {
     return src.scale_group % (2 * kBoxCols) == 0 && src.seg_lo % (2 * kBoxCols) == 0 && kMine <= 8;
   }
   // Where thread p's chunk c = p % 8 finds its scale in the pair's first box, from the token's
-  // row: byte 16 c (a scale a chunk), or byte 0 (one_scale_a_pair).
+  // row: byte 16 c (a scale a chunk), or byte 0 (one_scale_a_pair) ...
   template <int I>
   __device__ __forceinline__ static uint32_t scale_col(int c) {
     return one_scale_a_pair<I>() ? 0 : c * 16;
+  }
+  // ... plus 4 (r % 4) in token row r: a warp's four rows (r % 4 = 0..3) on four banks, not one
+  // (rows 128 bytes apart): its scale reads and copies one wavefront, not four.
+  __device__ __forceinline__ static uint32_t scale_row(int r) { return r * 128 + (r % 4) * 4; }
+
+  // Scale records (the plan's kScaleRecordBytes > 0; one fp8 run of one scale a box pair, its
+  // scales 16-byte aligned in the record, hopper.py): each token's scales of the run by one copy a
+  // tile, with the early group's copies, into the stage's records (token row r at 16 r, four rows
+  // of a warp on four bank groups), read there by the conversion of every pair of the tile; not
+  // a 4-byte copy a token and pair (each of a warp's 16 wavefronts). A stage's records are
+  // rewritten only after its EMPTY waits, by threads whose reads of the last tile's are done (a
+  // quarter warp's reads precede its stores: convert_pair's __syncwarp).
+  template <int I>
+  __host__ __device__ static constexpr bool records() { return Cfg::kScaleRecordBytes > 0 && one_scale_a_pair<I>(); }
+  __device__ __forceinline__ static uint32_t record_at(uint32_t sbase, int stage, int r) {
+    return sbase + Cfg::kScalesOff + (stage * Cfg::kTileN + r) * Cfg::kScaleRecordBytes;
   }
 
   // The loads of fp8 box pair `box`, box + 1 of run I into stage `stage`, by cp.async: thread p's
@@ -316,7 +332,20 @@ struct TileTokens {
     const int first = box * kBoxCols - src.smem_col;  // the pair's first value in the run
     const char* base = run_base<Cfg, I>(a, head) + first + c * 16;
     const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + scale_col<I>(c);
-    if constexpr (one_scale_a_pair<I>()) {
+    if constexpr (records<I>()) {
+      if (first == 0) {
+        long long at = off[0][src.scale_tensor];
+        int ok = valid[0];
+#pragma unroll
+        for (int j = 1; j < kMine; ++j) {
+          at = select_s64(c % kMine == j, off[j][src.scale_tensor], at);
+          ok = select_s32(c % kMine == j, valid[j], ok);
+        }
+        if (c < kMine) cp_async_16_at(record_at(sbase, stage, row(p, c % kMine)), scale_base<Cfg, I>(a, head), at, ok != 0);
+      }
+#pragma unroll
+      for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
+    } else if constexpr (one_scale_a_pair<I>()) {
       const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first) / src.scale_group - src.scale_first_group) * 4;
       long long at = off[0][src.scale_tensor];
       int ok = valid[0];
@@ -325,7 +354,7 @@ struct TileTokens {
         at = select_s64(c % kMine == j, off[j][src.scale_tensor], at);
         ok = select_s32(c % kMine == j, valid[j], ok);
       }
-      if (c < kMine) cp_async_4_at(scale_at + row(p, c % kMine) * 128, scales, at, ok != 0);
+      if (c < kMine) cp_async_4_at(scale_at + scale_row(row(p, c % kMine)), scales, at, ok != 0);
 #pragma unroll
       for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
     } else {
@@ -333,7 +362,7 @@ struct TileTokens {
 #pragma unroll
       for (int j = 0; j < kMine; ++j) {
         cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
-        cp_async_4_at(scale_at + row(p, j) * 128, scales, off[j][src.scale_tensor], valid[j]);
+        cp_async_4_at(scale_at + scale_row(row(p, j)), scales, off[j][src.scale_tensor], valid[j]);
       }
     }
   }
@@ -401,7 +430,11 @@ struct TileTokens {
 #pragma unroll
     for (int j = 0; j < kMine; ++j) {
       raw[j] = lds128(raw_at + row(p, j) * 128);
-      scale[j] = lds32f(scale_at + row(p, j) * 128);
+      if constexpr (records<I>()) {
+        scale[j] = lds32f(record_at(sbase, stage, row(p, j)) + ((src.seg_lo + box * kBoxCols - src.smem_col) / src.scale_group - src.scale_first_group) * 4);
+      } else {
+        scale[j] = lds32f(scale_at + scale_row(row(p, j)));
+      }
     }
     __syncwarp();
     const uint32_t dst = T::stage_box(sbase, stage, box + c / 4);

@@ -156,8 +156,10 @@ struct HopperTraits {
                     Cfg::kFlagsOff >= kBarOff + 8 * kNumBarriers && Cfg::kFlagsOff % 16 == 0 && Cfg::kFlagsPitch >= kN + 16 && Cfg::kFlagsPitch % 16 == 0 &&
                     Cfg::kRowsOff >= Cfg::kFlagsOff + kStages * Cfg::kFlagsPitch && Cfg::kRowsOff % 16 == 0 &&
                     Cfg::kWorkOff >= Cfg::kRowsOff + 5 * kGroupRows * 4 && Cfg::kWalkCOff >= Cfg::kWorkOff + 9 * 4 &&
-                    Cfg::kWalkPOff >= Cfg::kWalkCOff + 12 * 4 && Cfg::kSmemBytes >= Cfg::kWalkPOff + 12 * 4,
+                    Cfg::kWalkPOff >= Cfg::kWalkCOff + 12 * 4 && Cfg::kScalesOff >= Cfg::kWalkPOff + 12 * 4 && Cfg::kScalesOff % 16 == 0 &&
+                    Cfg::kSmemBytes >= Cfg::kScalesOff + kStages * kN * Cfg::kScaleRecordBytes,
                 "shared-memory plan: disjoint regions in order");
+  static_assert(Cfg::kScaleRecordBytes == 0 || Cfg::kScaleRecordBytes == 16, "scale records: 4 fp32 a token (hopper.py)");
   static_assert(Cfg::kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB");
   // setmaxnreg trades within the registers the CTA was launched with: an increase past them waits forever
   static_assert(2 * kGroupThreads * Cfg::kConsumerRegisters + kGroupThreads * Cfg::kProducerRegisters <= Cfg::kRegisters * kThreads &&
