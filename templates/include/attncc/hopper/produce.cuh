@@ -317,6 +317,20 @@ struct TileTokens {
     return sbase + Cfg::kScalesOff + (stage * Cfg::kTileN + r) * Cfg::kScaleRecordBytes;
   }
 
+  // Token c % kMine of this thread's (c = p % 8: a quarter warp's threads c < kMine copy one token's
+  // scales each, one copy for kMine tokens): its byte offset in cache tensor kTensor and whether it
+  // has a slot, chosen by selects.
+  template <int kTensor>
+  __device__ __forceinline__ void lane_token(int c, long long& at, int& ok) const {
+    at = off[0][kTensor];
+    ok = valid[0];
+#pragma unroll
+    for (int j = 1; j < kMine; ++j) {
+      at = select_s64(c % kMine == j, off[j][kTensor], at);
+      ok = select_s32(c % kMine == j, valid[j], ok);
+    }
+  }
+
   // The loads of fp8 box pair `box`, box + 1 of run I into stage `stage`, by cp.async: thread p's
   // chunk c = p % 8 (bytes 16 c of the pair's 128 a token, one scale group: the lowering puts
   // groups on multiples of 16) of each token it fills (its first kMine) into box + 1 at byte
@@ -333,27 +347,19 @@ struct TileTokens {
     const char* base = run_base<Cfg, I>(a, head) + first + c * 16;
     const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + scale_col<I>(c);
     if constexpr (records<I>()) {
-      if (first == 0) {
-        long long at = off[0][src.scale_tensor];
-        int ok = valid[0];
-#pragma unroll
-        for (int j = 1; j < kMine; ++j) {
-          at = select_s64(c % kMine == j, off[j][src.scale_tensor], at);
-          ok = select_s32(c % kMine == j, valid[j], ok);
-        }
+      if (first == 0) {  // the run's scales, once a tile, with its first pair
+        long long at;
+        int ok;
+        lane_token<src.scale_tensor>(c, at, ok);
         if (c < kMine) cp_async_16_at(record_at(sbase, stage, row(p, c % kMine)), scale_base<Cfg, I>(a, head), at, ok != 0);
       }
 #pragma unroll
       for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
     } else if constexpr (one_scale_a_pair<I>()) {
       const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first) / src.scale_group - src.scale_first_group) * 4;
-      long long at = off[0][src.scale_tensor];
-      int ok = valid[0];
-#pragma unroll
-      for (int j = 1; j < kMine; ++j) {
-        at = select_s64(c % kMine == j, off[j][src.scale_tensor], at);
-        ok = select_s32(c % kMine == j, valid[j], ok);
-      }
+      long long at;
+      int ok;
+      lane_token<src.scale_tensor>(c, at, ok);
       if (c < kMine) cp_async_4_at(scale_at + scale_row(row(p, c % kMine)), scales, at, ok != 0);
 #pragma unroll
       for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
