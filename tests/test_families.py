@@ -227,14 +227,23 @@ def test_scale_records_where_a_tokens_scales_are_one_aligned_16_byte_run():
     assert re.search(r"^\s+scale_record_bytes\s+0\s+off: scale groups of 64 values", per64.explain(), re.M)
     dense = compile_quiet(REPO / "examples" / "mla.attn", family="hopper").plan.config
     assert dense.scale_record_bytes == 0 and dense.smem_bytes == dense.scales_off
-    separate = compile_quiet("""attention sep128 {
+
+
+def test_hopper_refuses_fp8_from_a_cache_of_several_tensors():
+    """The Hopper producer dequantizes fp8 from one packed record tensor: a separate cache
+    (latent, its scales, rope) left it too few registers for a token's offsets (ptxas spilled
+    80-232 bytes), so the lowering refuses it, at the cache, saying why."""
+    text = """attention sep128 {
     heads q = 128, kv = 1
     cache paged(64) separate { latent: e4m3[512] scale fp32 per 128  rope: bf16[64] }
     key = latent ++ rope
     value = latent
-}""", family="hopper")
-    assert separate.plan.config.scale_record_bytes == 0
-    assert re.search(r"^\s+scale_record_bytes\s+0\s+off: the scales are a tensor of their own", separate.explain(), re.M)
+}"""
+    with pytest.raises(UnsupportedSpec, match=r"^<string>:3:5: no kernel family runs this spec on sm90a: hopper: its "
+                       r"producer dequantizes fp8 from one packed record tensor; this cache is 3 tensors "
+                       r"\(latent, latent_scale, rope\)"):
+        compile_quiet(text, family="hopper").plan
+    assert "not chosen: hopper: its producer dequantizes fp8 from one packed record tensor" in compile_quiet(text).explain()
 
 
 @pytest.mark.parametrize("family", ["hopper", "mma_sync"])

@@ -121,7 +121,7 @@ class HopperFamily(Family):
     tolerates = frozenset()
     template = "hopper/decode.cu.j2"
     limits = ("value 128, 256 or 512 wide (the seesaw's two halves), key = value ++ more, on "
-              "64-column boxes", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16",
+              "64-column boxes", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16, from one packed record tensor",
               f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",
               f"tile q = {TILE_M} (seesaw) or {STACKED_TILE_M} (stacked), kv = {TILE_N}; the seesaw's stages a "
               f"multiple of {PAIR_STAGES} (pairs of tiles)")
@@ -167,6 +167,12 @@ class HopperFamily(Family):
             raise Refusal(f"a group of {spec.group} query heads would fill {spec.group} of the "
                           f"{TILE_M} rows of a wgmma tile at s_q 1: memory-bound, the mma_sync "
                           "family's narrower tiles stream it as fast", spec.span_of("heads"))
+        if layout.fp8 and len(layout.tensors) > 1:
+            # (the producer keeps a 64-bit offset a token and tensor: with the fp8 conversion a
+            # separate cache of latent, scales and rope spilled 80-232 bytes, ptxas, sm_90a)
+            raise Refusal(f"its producer dequantizes fp8 from one packed record tensor; this cache is "
+                          f"{len(layout.tensors)} tensors ({', '.join(t.name for t in layout.tensors)}): "
+                          "its token offsets leave the producer too few registers", spec.span_of("cache"))
         if sched.tile_q is not None and (sched.tile_q, sched.tile_kv) != (self._tile_m(spec), TILE_N):
             raise Refusal(f"`tile q = {sched.tile_q}, kv = {sched.tile_kv}`: the "
                           f"{'seesaw' if self._seesaw(spec) else 'stacked schedule'} runs "
@@ -234,7 +240,8 @@ class HopperFamily(Family):
         """Bytes of a token's scale record (0: none), and why. The producer copies a tile's fp8
         scales by cp.async: 4 bytes a token and box pair (into the pair's first box, which the
         conversion then overwrites), each such copy of a warp 16 shared-memory wavefronts (16
-        tokens); with records, one 16-byte copy a token and tile of all the run's scales."""
+        tokens); with records, one 16-byte copy a token and tile of all the run's scales. (fp8
+        comes from one packed tensor, _check: the record's alignment is its rows'.)"""
         fp8 = [s for s in layout.sources if s.scale]
         if not fp8:
             return 0, "no fp8 run"
@@ -247,9 +254,6 @@ class HopperFamily(Family):
             return 0, f"off: scale groups of {sc.group} values: a scale a 16-value chunk, copied beside it"
         if sc.count * 4 != SCALE_RECORD_BYTES:
             return 0, f"off: {sc.count} scales a token, not {SCALE_RECORD_BYTES // 4}"
-        if sc.tensor != src.tensor:
-            # (a separate fp32 scale tensor's views need only 4-byte strides: ops.py)
-            return 0, "off: the scales are a tensor of their own, whose views may be 4-byte aligned"
         if tensor.head_axis or (sc.offset_bytes + sc.first_group * 4) % 16 or sc.head_stride_bytes % 16 \
                 or tensor.token_stride_bytes % 16:
             return 0, "off: a token's scales are not 16-byte aligned in its record"
