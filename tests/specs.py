@@ -121,6 +121,15 @@ EXTRA = {
     # pair, produce.cuh's one_scale_a_pair)
     "mla_fp8_per128_h64": mla(page=16, heads=64).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 128")
                                                 .replace("mla_p16_h64", "mla_fp8_per128_h64"),
+    # ... and from a separate cache (latent, its fp32 scales, rope: three tensors), page 7:
+    # mma_sync's (the Hopper family takes fp8 from one packed tensor), compute-bound
+    "mla_fp8_separate_h64": """attention mla_fp8_separate_h64 {
+    heads q = 64, kv = 1
+    cache paged(7) separate { latent: e4m3[512] scale fp32 per 128  rope: bf16[64] }
+    key = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}""",
     "gla_fp8_e5m2": gla("gla_fp8_e5m2", heads=128, kv=2, page=16).replace(
         "latent: bf16[256]", "latent: e5m2[256] scale fp32 per 32"),
     "sparse_fp8_h64": """attention sparse_fp8_h64 {

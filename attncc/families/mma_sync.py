@@ -307,14 +307,18 @@ class MmaSyncFamily(Family):
         # MLA h_q 128 202 vs 191 TFLOP/s); else all at the top of the step (more bytes in
         # flight sooner). With ping_pong the producer waits for its copies right after
         # S = Q K^T, so they go at the top (MLA h_q 128 351 vs 322 TFLOP/s).
-        # Raw staging of a record of several kv heads keeps each run's per-head address live
-        # through the step: interleaved, GLA-2's fp8 latent and shared rope spilled 24-36 bytes.
-        raw_heads = raw and spec.heads_kv > 1
+        # Raw staging of a record of several kv heads, or of several cache tensors into 64-row
+        # tiles, keeps each run's per-head address live through the step: interleaved, GLA-2's
+        # fp8 latent and shared rope spilled 24-36 bytes, a separate fp8 MLA cache (latent,
+        # scales, rope) at h_q 64 and 128 4 bytes (ptxas; at 32 rows it builds interleaved, and
+        # spilled 16 bytes with its copies at the top, token-major).
+        raw_tensors = raw and len(layout.tensors) > 1 and tile_m >= 64
+        raw_heads = raw and spec.heads_kv > 1 or raw_tensors
         interleave = bound and not ping_pong and not raw_heads
         why.append(("copy_interleave", "on: compute-bound without ping_pong" if interleave else
                     "off: " + ("ping_pong waits for its copies after S = Q K^T" if ping_pong
-                               else "raw staging of several kv heads: their run addresses would "
-                               "stay live through S = Q K^T (spilled)" if bound and raw_heads
+                               else "raw staging of several kv heads (or cache tensors, 64 rows): their "
+                               "run addresses would stay live through S = Q K^T (spilled)" if bound and raw_heads
                                else "memory-bound: all copies at the top of the step")))
         copy_steps = qk_steps // 2 if ping_pong else qk_steps
 
