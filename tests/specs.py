@@ -121,6 +121,9 @@ EXTRA = {
     # pair, produce.cuh's one_scale_a_pair)
     "mla_fp8_per128_h64": mla(page=16, heads=64).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 128")
                                                 .replace("mla_p16_h64", "mla_fp8_per128_h64"),
+    # ... at h_q 32 (mma_sync's 32-row tiles, 32 tokens: 64 spilled), s_q up to 4
+    "mla_fp8_per128_h32": mla(page=16, heads=32, sq=4).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 128")
+                                                      .replace("mla_p16_h32", "mla_fp8_per128_h32"),
     # ... and from a separate cache (latent, its fp32 scales, rope: three tensors), page 7:
     # mma_sync's (the Hopper family takes fp8 from one packed tensor), compute-bound
     "mla_fp8_separate_h64": """attention mla_fp8_separate_h64 {

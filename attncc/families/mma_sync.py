@@ -220,10 +220,14 @@ class MmaSyncFamily(Family):
         # record stage less than STREAM_TILE_BYTES: then 64 (GTA-4's 192-column row, same process:
         # 79 -> 91% of 4.48 TB/s at page 64, 76 -> 89% at page 16). Wider rows want 64 tokens.
         narrow = SmemRows.of(layout.staged_width).bytes(32) < STREAM_TILE_BYTES
+        # fp8 records of one scale per >= 128 values into 32-row tiles: 64 tokens spilled 48
+        # bytes (ptxas, sm_90a: MLA e4m3 per 128 at h_q 32, any page, s_q 1 to 4; per 64 builds)
+        wide_scales = any(src.scale and src.scale.group % 128 == 0 for src in layout.sources)
         stage_choices = [sched.stages] if sched.stages else [2]
         reasons = []
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
-                [sched.tile_kv] if sched.tile_kv else ([32, 16] if m == 16 and not narrow else [64, 32, 16]))):
+                [sched.tile_kv] if sched.tile_kv else ([32, 16] if (m == 16 and not narrow) or (m == 32 and wide_scales)
+                                                       else [64, 32, 16]))):
             for warps in WARPS:
                 rows = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
                 if rows is None:
@@ -239,6 +243,8 @@ class MmaSyncFamily(Family):
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
                                  ("measured default for 16 rows of a record staging < "
                                   f"{STREAM_TILE_BYTES // 1024} KB in 32 tokens" if tile_m == 16 and narrow
+                                  else "32 rows of fp8 with a scale per 128: 64 tokens spill (ptxas)"
+                                  if tile_m == 32 and wide_scales
                                   else "measured default for this row count") if not reasons else
                                  "the widest default that fits shared memory"),
                                 ("stages", f"`stages {stages}`" if sched.stages else "default"),
