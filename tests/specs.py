@@ -133,6 +133,14 @@ EXTRA = {
     value = latent
     query len <= 2 causal
 }""",
+    # ... GLA-2's the same way (mma_sync: 64-row tiles of 32 tokens; 64 spilled)
+    "gla2_fp8_separate": """attention gla2_fp8_separate {
+    heads q = 128, kv = 2
+    cache paged(16) separate { latent: e4m3[256] scale fp32 per 64  rope: bf16[64] shared }
+    key = latent ++ rope
+    value = latent
+    query len <= 2 causal
+}""",
     "gla_fp8_e5m2": gla("gla_fp8_e5m2", heads=128, kv=2, page=16).replace(
         "latent: bf16[256]", "latent: e5m2[256] scale fp32 per 32"),
     "sparse_fp8_h64": """attention sparse_fp8_h64 {
