@@ -229,6 +229,25 @@ def test_scale_records_where_a_tokens_scales_are_one_aligned_16_byte_run():
     assert dense.scale_record_bytes == 0 and dense.smem_bytes == dense.scales_off
 
 
+@pytest.mark.parametrize("name, why", [
+    ("mla_fp8_per128_h32", "32 rows of fp8 with a scale per 128: 64 tokens spill"),
+    ("gla2_fp8_separate", "fp8 of several kv heads from several cache tensors: 64 tokens spill"),
+])
+def test_mma_sync_takes_32_token_tiles_where_64_spill(name, why):
+    """mma_sync's fp8 plans whose 64-token tiles ptxas spilled (a scale per 128 in 32-row tiles;
+    several kv heads from several cache tensors in 64-row tiles) take 32 tokens, and say why
+    (tests/test_build.py compiles them); a scale per 64 in 32-row tiles keeps 64; a separate MLA cache in
+    64-row tiles copies at the top of the step instead."""
+    k = compile_quiet(EXTRA[name])
+    assert k.plan.family == "mma_sync" and k.plan.config.tile_n == 32
+    assert re.search(rf"^\s+tile_n\s+32\s+{re.escape(why)}", k.explain(), re.M)
+    per64 = compile_quiet(EXTRA["mla_fp8_per64"]).plan.config
+    assert (per64.tile_m, per64.tile_n, per64.copy_interleave) == (32, 64, True)
+    separate = compile_quiet(EXTRA["mla_fp8_separate_h64"])
+    assert (separate.plan.config.tile_m, separate.plan.config.copy_interleave) == (64, False)
+    assert "(or cache tensors, 64 rows): their run addresses would stay live" in separate.explain()
+
+
 def test_hopper_refuses_fp8_from_a_cache_of_several_tensors():
     """The Hopper producer dequantizes fp8 from one packed record tensor: a separate cache
     (latent, its scales, rope) left it too few registers for a token's offsets (ptxas spilled
