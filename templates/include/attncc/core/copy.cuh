@@ -30,6 +30,13 @@ __device__ __forceinline__ const char* run_base(const AttnccArgs& a, int head) {
                                                           : static_cast<long long>(head) * src.head_stride_bytes;
   return static_cast<const char*>(a.tensors[src.tensor]) + src.offset_bytes + head_bytes;
 }
+// The scale of value v of run I (v from the run's first value): its index among the run's
+// scales, which scale_base's address begins.
+template <class Cfg, int I>
+__device__ __forceinline__ int scale_index(int v) {
+  constexpr Source src = Cfg::kSources[I];
+  return (src.seg_lo + v) / src.scale_group - src.scale_first_group;
+}
 template <class Cfg, int I>
 __device__ __forceinline__ const char* scale_base(const AttnccArgs& a, int head) {
   constexpr Source src = Cfg::kSources[I];

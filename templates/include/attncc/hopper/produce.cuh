@@ -356,7 +356,7 @@ struct TileTokens {
 #pragma unroll
       for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
     } else if constexpr (one_scale_a_pair<I>()) {
-      const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first) / src.scale_group - src.scale_first_group) * 4;
+      const char* scales = scale_base<Cfg, I>(a, head) + scale_index<Cfg, I>(first) * 4;
       long long at;
       int ok;
       lane_token<src.scale_tensor>(c, at, ok);
@@ -364,7 +364,7 @@ struct TileTokens {
 #pragma unroll
       for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
     } else {
-      const char* scales = scale_base<Cfg, I>(a, head) + ((src.seg_lo + first + c * 16) / src.scale_group - src.scale_first_group) * 4;
+      const char* scales = scale_base<Cfg, I>(a, head) + scale_index<Cfg, I>(first + c * 16) * 4;
 #pragma unroll
       for (int j = 0; j < kMine; ++j) {
         cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
@@ -437,7 +437,7 @@ struct TileTokens {
     for (int j = 0; j < kMine; ++j) {
       raw[j] = lds128(raw_at + row(p, j) * 128);
       if constexpr (records<I>()) {
-        scale[j] = lds32f(record_at(sbase, stage, row(p, j)) + ((src.seg_lo + box * kBoxCols - src.smem_col) / src.scale_group - src.scale_first_group) * 4);
+        scale[j] = lds32f(record_at(sbase, stage, row(p, j)) + scale_index<Cfg, I>(box * kBoxCols - src.smem_col) * 4);
       } else {
         scale[j] = lds32f(scale_at + scale_row(row(p, j)));
       }
