@@ -220,18 +220,26 @@ class MmaSyncFamily(Family):
         # record stage less than STREAM_TILE_BYTES: then 64 (GTA-4's 192-column row, same process:
         # 79 -> 91% of 4.48 TB/s at page 64, 76 -> 89% at page 16). Wider rows want 64 tokens.
         narrow = SmemRows.of(layout.staged_width).bytes(32) < STREAM_TILE_BYTES
-        # fp8 records of one scale per >= 128 values into 32-row tiles: 64 tokens spilled 48
-        # bytes (ptxas, sm_90a: MLA e4m3 per 128 at h_q 32, any page, s_q 1 to 4; per 64 builds)
         wide_scales = any(src.scale and src.scale.group % 128 == 0 for src in layout.sources)
-        # ... and fp8 records of several kv heads from several cache tensors (each tensor's
-        # per-head address live) into 64-row tiles: 64 tokens spilled 8-16 bytes (GLA-2, separate
-        # latent, scales and shared rope, h_q 128, a scale per 64 or 128)
         head_tensors = layout.fp8 and len(layout.tensors) > 1 and spec.heads_kv > 1
+
+        def spills_at_64(m: int) -> str | None:
+            """Why a tile of m rows starts at 32 tokens, where 64 spilled (ptxas, sm_90a), else None:
+            fp8 records of one scale per >= 128 values into 32 rows (48 bytes: MLA e4m3 per 128 at
+            h_q 32, any page, s_q 1 to 4; per 64 builds), or of several kv heads from several cache
+            tensors (each tensor's per-head address live) into 64 rows (8-16 bytes: GLA-2, separate
+            latent, scales and shared rope, h_q 128, a scale per 64 or 128)."""
+            if m == 32 and wide_scales:
+                return "32 rows of fp8 with a scale per 128: 64 tokens spill (ptxas)"
+            if m == 64 and head_tensors:
+                return "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
+            return None
+
         stage_choices = [sched.stages] if sched.stages else [2]
         reasons = []
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
-                [sched.tile_kv] if sched.tile_kv else ([32, 16] if (m == 16 and not narrow) or (m == 32 and wide_scales)
-                                                       or (m == 64 and head_tensors) else [64, 32, 16]))):
+                [sched.tile_kv] if sched.tile_kv else
+                ([32, 16] if (m == 16 and not narrow) or spills_at_64(m) else [64, 32, 16]))):
             for warps in WARPS:
                 rows = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
                 if rows is None:
@@ -247,11 +255,7 @@ class MmaSyncFamily(Family):
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
                                  ("measured default for 16 rows of a record staging < "
                                   f"{STREAM_TILE_BYTES // 1024} KB in 32 tokens" if tile_m == 16 and narrow
-                                  else "32 rows of fp8 with a scale per 128: 64 tokens spill (ptxas)"
-                                  if tile_m == 32 and wide_scales
-                                  else "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
-                                  if tile_m == 64 and head_tensors
-                                  else "measured default for this row count") if not reasons else
+                                  else spills_at_64(tile_m) or "measured default for this row count") if not reasons else
                                  "the widest default that fits shared memory"),
                                 ("stages", f"`stages {stages}`" if sched.stages else "default"),
                                 ("warps", "the fewest warps with a register-legal layout"
