@@ -240,22 +240,20 @@ class HopperFamily(Family):
         """Bytes of a token's scale record (0: none), and why. The producer copies a tile's fp8
         scales by cp.async: 4 bytes a token and box pair (into the pair's first box, which the
         conversion then overwrites), each such copy of a warp 16 shared-memory wavefronts (16
-        tokens); with records, one 16-byte copy a token and tile of all the run's scales. (fp8
-        comes from one packed tensor, _check: the record's alignment is its rows'.)"""
+        tokens); with records, one 16-byte copy a token and tile of all the run's scales. (_check:
+        fp8 comes from one packed tensor without a head axis, of 16-byte token rows.)"""
         fp8 = [s for s in layout.sources if s.scale]
         if not fp8:
             return 0, "no fp8 run"
         src = fp8[0]
         sc = src.scale
-        tensor = layout.tensors[sc.tensor]
         if len(fp8) > 1:
             return 0, "off: more than one fp8 run"
         if sc.group % (2 * BOX_COLS) or src.seg_lo % (2 * BOX_COLS):
             return 0, f"off: scale groups of {sc.group} values: a scale a 16-value chunk, copied beside it"
         if sc.count * 4 != SCALE_RECORD_BYTES:
             return 0, f"off: {sc.count} scales a token, not {SCALE_RECORD_BYTES // 4}"
-        if tensor.head_axis or (sc.offset_bytes + sc.first_group * 4) % 16 or sc.head_stride_bytes % 16 \
-                or tensor.token_stride_bytes % 16:
+        if (sc.offset_bytes + sc.first_group * 4) % 16 or sc.head_stride_bytes % 16:
             return 0, "off: a token's scales are not 16-byte aligned in its record"
         return SCALE_RECORD_BYTES, (f"a token's {sc.count} scales by one {SCALE_RECORD_BYTES}-byte copy a tile into "
                                     "the stage's records, not a 4-byte copy a box pair")
