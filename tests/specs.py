@@ -117,6 +117,10 @@ EXTRA = {
     # page 5 (examples/mla_fp8_sparse.attn: e4m3 per 128, page 64, h_q 128)
     "mla_fp8_page1_h64": mla(page=1, heads=64).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 64")
                                              .replace("mla_p1_h64", "mla_fp8_page1_h64"),
+    # ... e4m3 per 32 at page 16 (a scale a 16-value chunk, copied beside it: the part kernels of
+    # this path spilled at every page but 1 after adeea97, ptxas)
+    "mla_fp8_per32_page16": mla(page=16, heads=64).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 32")
+                                                .replace("mla_p16_h64", "mla_fp8_per32_page16"),
     # ... and dense e4m3 per 128 at page 16 (a scale a box pair: one scale word a token and
     # pair, produce.cuh's one_scale_a_pair)
     "mla_fp8_per128_h64": mla(page=16, heads=64).replace("latent: bf16[512]", "latent: e4m3[512] scale fp32 per 128")

@@ -294,15 +294,19 @@ struct TileTokens {
     constexpr Source src = Cfg::kSources[I];
     return src.scale_group % (2 * kBoxCols) == 0 && src.seg_lo % (2 * kBoxCols) == 0 && kMine <= 8;
   }
-  // Where thread p's chunk c = p % 8 finds its scale in the pair's first box, from the token's
-  // row: byte 16 c (a scale a chunk), or byte 0 (one_scale_a_pair) ...
+  // Where thread p's chunk c = p % 8 finds its scale in the pair's first box: byte 16 c (a scale
+  // a chunk), or byte 0 (one_scale_a_pair), plus 4 (r % 4) in token row r (scales_at), then the
+  // row (scale_row): a warp's four rows (r % 4 = 0..3) on four banks, not one (rows 128 bytes
+  // apart), so its scale reads and copies take one wavefront, not four. Every row a thread
+  // touches is p / 8 + 16 k, rotated (crossover) by a multiple of 16 modulo 64: r % 4 = p / 8 % 4,
+  // added once. (Written as (r % 4) 4 at each row, the any-stride part kernels of fp8 runs of a
+  // scale per 32 or 64 spilled 4-8 bytes at every page size but 1: ptxas, sm_90a.)
   template <int I>
-  __device__ __forceinline__ static uint32_t scale_col(int c) {
-    return one_scale_a_pair<I>() ? 0 : c * 16;
+  __device__ __forceinline__ static uint32_t scales_at(uint32_t box, int p) {
+    static_assert(Cfg::kTileN % 16 == 0, "a thread's rows p / 8 + 16 k (+ 16 kMine) modulo kTileN keep p / 8 % 4");
+    return box + (one_scale_a_pair<I>() ? 0 : p % 8 * 16) + p / 8 % 4 * 4;
   }
-  // ... plus 4 (r % 4) in token row r: a warp's four rows (r % 4 = 0..3) on four banks, not one
-  // (rows 128 bytes apart): its scale reads and copies one wavefront, not four.
-  __device__ __forceinline__ static uint32_t scale_row(int r) { return r * 128 + (r % 4) * 4; }
+  __device__ __forceinline__ static uint32_t scale_row(int r) { return r * 128; }
 
   // Scale records (the plan's kScaleRecordBytes > 0; one fp8 run of one scale a box pair, its
   // scales 16-byte aligned in the record, hopper.py): each token's scales of the run by one copy a
@@ -334,7 +338,7 @@ struct TileTokens {
   // The loads of fp8 box pair `box`, box + 1 of run I into stage `stage`, by cp.async: thread p's
   // chunk c = p % 8 (bytes 16 c of the pair's 128 a token, one scale group: the lowering puts
   // groups on multiples of 16) of each token it fills (its first kMine) into box + 1 at byte
-  // 128 r + 16 c of the token's row r; the scales into box at scale_col (zeros for a token
+  // 128 r + 16 c of the token's row r; the scales into box at scales_at + scale_row (zeros for a token
   // without a slot): the chunk's own, or, one_scale_a_pair, the pair's one scale of token c (for
   // c < kMine: one copy for kMine tokens, not one a token and chunk; each 4-byte copy of a quarter
   // warp cost as much of L1 as its 16-byte raw chunks).
@@ -345,7 +349,7 @@ struct TileTokens {
     const int c = p % 8;
     const int first = box * kBoxCols - src.smem_col;  // the pair's first value in the run
     const char* base = run_base<Cfg, I>(a, head) + first + c * 16;
-    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + scale_col<I>(c);
+    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = scales_at<I>(T::stage_box(sbase, stage, box), p);
     if constexpr (records<I>()) {
       if (first == 0) {  // the run's scales, once a tile, with its first pair
         long long at;
@@ -430,7 +434,7 @@ struct TileTokens {
     using T = HopperTraits<Cfg>;
     constexpr Source src = Cfg::kSources[I];
     const int c = p % 8;
-    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = T::stage_box(sbase, stage, box) + scale_col<I>(c);
+    const uint32_t raw_at = T::stage_box(sbase, stage, box + 1) + c * 16, scale_at = scales_at<I>(T::stage_box(sbase, stage, box), p);
     uint4 raw[kMine];
     float scale[kMine];
 #pragma unroll
