@@ -164,6 +164,16 @@ EXTRA = {
                                                .replace("mla_p5_h128", "mla_fp8_crossover")
                          + "schedule mla_fp8_crossover {\n    crossover\n}\n",
     "sparse_fp8_h128": without_crossover((EXAMPLES / "mla_fp8_sparse.attn").read_text(), "sparse_fp8_h128"),
+    # sparse bf16 MLA from a separate latent and rope (FlashInfer's layout), h_q 64, page 3: the
+    # Hopper family's part kernels spill there, mma_sync runs it
+    "sparse_separate_h64": """attention sparse_separate_h64 {
+    heads q = 64, kv = 1
+    cache paged(3) separate { latent: bf16[512]  rope: bf16[64] }
+    key = latent ++ rope
+    value = latent
+    tokens topk 200
+    query len <= 2
+}""",
     "gqa8_separate": """attention gqa8_separate {
     heads q = 32, kv = 8
     cache paged(16) separate { k: bf16[128]  v: bf16[128] }

@@ -265,6 +265,22 @@ def test_hopper_refuses_fp8_from_a_cache_of_several_tensors():
     assert "not chosen: hopper: its producer dequantizes fp8 from one packed record tensor" in compile_quiet(text).explain()
 
 
+def test_hopper_refuses_sparse_from_several_tensors_at_a_group_of_64():
+    """Sparse top-k from a separate cache at h_q 64 and a page above 1 spilled in the Hopper
+    family's part kernels (ptxas), so the lowering refuses it there, at the cache, and mma_sync
+    runs it; page 1 and a group of 128 stay on the Hopper family."""
+    text = EXTRA["sparse_separate_h64"]
+    with pytest.raises(UnsupportedSpec, match=r"^<string>:3:5: no kernel family runs this spec on sm90a: hopper: "
+                       r"sparse top-k from 2 cache tensors at page 3 with a group of 64 query heads: its part "
+                       r"kernels spill \(ptxas\)"):
+        compile_quiet(text, family="hopper").plan
+    k = compile_quiet(text)
+    assert k.plan.family == "mma_sync"
+    assert "not chosen: hopper: sparse top-k from 2 cache tensors at page 3" in k.explain()
+    assert compile_quiet(text.replace("paged(3)", "paged(1)")).plan.family == "hopper"
+    assert compile_quiet(text.replace("heads q = 64", "heads q = 128")).plan.family == "hopper"
+
+
 @pytest.mark.parametrize("family", ["hopper", "mma_sync"])
 def test_the_combine_is_a_dependent_launch_where_the_target_has_it(family):
     """sm90a: the lowering makes the combine a programmatic dependent of the decode kernel,

@@ -173,6 +173,14 @@ class HopperFamily(Family):
             raise Refusal(f"its producer dequantizes fp8 from one packed record tensor; this cache is "
                           f"{len(layout.tensors)} tensors ({', '.join(t.name for t in layout.tensors)}): "
                           "its token offsets leave the producer too few registers", spec.span_of("cache"))
+        if spec.sparse and len(layout.tensors) > 1 and spec.group == TILE_M and spec.page_size > 1:
+            # (ptxas, sm_90a: the any-stride part kernel of sparse bf16 MLA from a separate latent
+            # and rope spilled 16 bytes at h_q 64, pages 3 and 64, s_q 1 to 3, in every
+            # arrangement of the roles' registers tried (208 / 88: 84 bytes; 224 / 56: 64), though
+            # neither role spills alone; groups of 96 to 256 and page 1 build)
+            raise Refusal(f"sparse top-k from {len(layout.tensors)} cache tensors at page {spec.page_size} "
+                          f"with a group of {TILE_M} query heads: its part kernels spill (ptxas)",
+                          spec.span_of("cache"))
         if sched.tile_q is not None and (sched.tile_q, sched.tile_kv) != (self._tile_m(spec), TILE_N):
             raise Refusal(f"`tile q = {sched.tile_q}, kv = {sched.tile_kv}`: the "
                           f"{'seesaw' if self._seesaw(spec) else 'stacked schedule'} runs "
