@@ -174,6 +174,9 @@ EXTRA = {
     tokens topk 200
     query len <= 2
 }""",
+    # `stages 3` on MLA h_q 128 (odd: the seesaw refuses it, mma_sync runs it): 8 warps over
+    # 32-token tiles spilled with more than 2 stages, so the lowering takes 16-token tiles
+    "mla_stages3": mla(page=1, heads=128).replace("mla_p1_h128", "mla_stages3") + "schedule mla_stages3 {\n    stages 3\n}\n",
     "gqa8_separate": """attention gqa8_separate {
     heads q = 32, kv = 8
     cache paged(16) separate { k: bf16[128]  v: bf16[128] }

@@ -265,6 +265,20 @@ def test_hopper_refuses_fp8_from_a_cache_of_several_tensors():
     assert "not chosen: hopper: its producer dequantizes fp8 from one packed record tensor" in compile_quiet(text).explain()
 
 
+def test_mma_sync_takes_16_token_tiles_where_a_deep_ring_of_32_spills():
+    """8 warps (a 64-row tile of a 512-wide value) over 32-token tiles spilled with 3 or 4
+    stages (ptxas), so a `stages` knob above 2 gets 16-token tiles there, and explain says why;
+    2 stages keep 32 or 64, and 4 warps (GQA's 64 rows) keep 64 at 3 stages."""
+    k = compile_quiet(EXTRA["mla_stages3"])
+    assert (k.plan.family, k.plan.config.warps, k.plan.config.stages, k.plan.config.tile_n) == ("mma_sync", 8, 3, 16)
+    assert "does not spill (8 warps over 32-token tiles with 3 stages spill (ptxas))" in k.explain()
+    two = compile_quiet(EXTRA["mla_stages3"].replace("stages 3", "stages 2"), family="mma_sync").plan.config
+    assert two.warps == 8 and two.tile_n >= 32
+    gqa = compile_quiet(GQA8.replace("heads q = 32, kv = 8", "heads q = 128, kv = 2")
+                        + "schedule gqa8 {\n    stages 3\n}\n", family="mma_sync").plan.config
+    assert (gqa.warps, gqa.tile_n, gqa.stages) == (4, 64, 3)
+
+
 def test_hopper_refuses_sparse_from_several_tensors_at_a_group_of_64():
     """Sparse top-k from a separate cache at h_q 64 and a page above 1 spilled in the Hopper
     family's part kernels (ptxas), so the lowering refuses it there, at the cache, and mma_sync

@@ -235,6 +235,16 @@ class MmaSyncFamily(Family):
                 return "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
             return None
 
+        def spills_deep(tile_n: int, warps: int, stages: int) -> str | None:
+            """Why a ring of `stages` tiles of tile_n tokens is skipped, where it spilled (ptxas,
+            sm_90a), else None: 8 warps (a 64-row tile of a 512-wide value, ~250 registers at 2
+            stages) over 32-token tiles with 3 or 4 stages spilled 4-8 bytes in the part kernels
+            (MLA h_q 64 and 128, GLA-8 of a 512-wide latent; pages 1, 16, 64); 16-token tiles
+            build at 3 to 8."""
+            if warps == 8 and tile_n == 32 and stages > 2:
+                return f"8 warps over {tile_n}-token tiles with {stages} stages spill (ptxas)"
+            return None
+
         stage_choices = [sched.stages] if sched.stages else [2]
         reasons = []
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
@@ -249,14 +259,19 @@ class MmaSyncFamily(Family):
                 warps_n = warps // (tile_m // rows)
                 for stages in stage_choices:
                     smem = smem_regions(spec.d_k, layout, tile_m, tile_n, stages, warps_n)
-                    if smem["smem_bytes"] <= limit:
+                    deep = spills_deep(tile_n, warps, stages)
+                    if smem["smem_bytes"] <= limit and deep:
+                        reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: {deep}")
+                    elif smem["smem_bytes"] <= limit:
                         why += [("tile_m", f"`tile q = {tile_m}`" if sched.tile_q else
                                  f"the group of {spec.group} query heads, in whole mma tiles"),
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
                                  ("measured default for 16 rows of a record staging < "
                                   f"{STREAM_TILE_BYTES // 1024} KB in 32 tokens" if tile_m == 16 and narrow
                                   else spills_at_64(tile_m) or "measured default for this row count") if not reasons else
-                                 "the widest default that fits shared memory"),
+                                 "the widest default that fits shared memory" + next(
+                                     (f" and does not spill ({r.split(': ', 1)[1]})" for r in reversed(reasons)
+                                      if r.endswith("spill (ptxas)")), "")),
                                 ("stages", f"`stages {stages}`" if sched.stages else "default"),
                                 ("warps", "the fewest warps with a register-legal layout"
                                  if warps == WARPS[0] else "4 warps have no legal layout"),
@@ -264,8 +279,9 @@ class MmaSyncFamily(Family):
                                 ("smem_bytes", f"<= {limit} B ({target.name})")]
                         return dict(tile_m=tile_m, tile_n=tile_n, stages=stages, warps=warps,
                                     warp_rows=rows, warps_n=warps_n, **smem), why
-                    reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: "
-                                   f"{smem['smem_bytes']} B of shared memory > {limit}")
+                    else:
+                        reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: "
+                                       f"{smem['smem_bytes']} B of shared memory > {limit}")
         knob = "tile" if sched.tile_q else ("stages" if sched.stages else "tile")
         raise Refusal("no schedule of this kernel path fits: " + "; ".join(reasons[-3:]),
                       sched.span_of(knob) or spec.span_of("name"), knob if sched.span_of(knob) else None)
