@@ -279,6 +279,35 @@ def test_mma_sync_takes_16_token_tiles_where_a_deep_ring_of_32_spills():
     assert (gqa.warps, gqa.tile_n, gqa.stages) == (4, 64, 3)
 
 
+@pytest.mark.parametrize("cache, message", [
+    # one kv head: the latent's 516 bytes end where the rope starts, off 16; the record is too
+    ("{ latent: e4m3[512] scale fp32 per 512  rope: bf16[64] }",
+     "segment `latent`: its tokens are 644 bytes apart in cache tensor `cache`: needs 16-byte alignment"),
+    # a shared fp8 rope last: every segment starts aligned, the 1092-byte record does not (the
+    # call's validation refused every such cache: now the spec says so)
+    ("{ latent: bf16[256]  rope: e4m3[64] shared scale fp32 per 64 }",
+     "segment `latent`: its tokens are 1092 bytes apart in cache tensor `cache`: needs 16-byte alignment"),
+    # two kv heads of 264 bytes (256 e5m2 and two scales)
+    ("{ latent: e5m2[256] scale fp32 per 128  rope: bf16[64] shared }",
+     "segment `latent`: its copies (one a kv head) are 264 bytes apart in the record: needs 16-byte alignment"),
+])
+def test_both_families_say_which_alignment_a_record_misses(cache, message):
+    """The 16-byte copies need a run's first byte, its tokens' records and (several kv heads)
+    its copies 16-byte aligned; the refusal names the one that is not, for both families, at the
+    segment (not a head stride where one kv head has no second copy)."""
+    kv = 2 if "shared" in cache else 1
+    text = f"""attention al {{
+    heads q = {64 * kv}, kv = {kv}
+    cache paged(16) {cache}
+    key = latent ++ rope
+    value = latent
+}}"""
+    for family in ("hopper", "mma_sync"):
+        with pytest.raises(UnsupportedSpec, match=rf"^<string>:3:\d+: no kernel family runs this spec on sm90a: {family}: "
+                           + re.escape(message)):
+            compile_quiet(text, family=family).plan
+
+
 def test_hopper_refuses_sparse_from_several_tensors_at_a_group_of_64():
     """Sparse top-k from a separate cache at h_q 64 and a page above 1 spilled in the Hopper
     family's part kernels (ptxas), so the lowering refuses it there, at the cache, and mma_sync

@@ -74,6 +74,23 @@ def ready_words(spec, target: Target) -> tuple[bool, tuple[str, str]]:
                   "pieces land, while the decode grid's last parts run (where sequences >= parts)")
 
 
+def misaligned(spec: Spec, layout: Layout, src) -> str | None:
+    """Why the 16-byte copies of both families cannot take a staged run (layout.SourcePlan)
+    where the cache keeps it, or None: its first byte in the record, the distance between two
+    tokens' records, or, for a segment with a copy per kv head and more than one kv head, the
+    distance between the copies (with one kv head there is no second copy to misalign)."""
+    tensor = layout.tensors[src.tensor]
+    if src.offset_bytes % 16:
+        return f"segment `{src.segment}` starts at byte {src.offset_bytes} of the record: needs 16-byte alignment"
+    if tensor.token_stride_bytes % 16:
+        return (f"segment `{src.segment}`: its tokens are {tensor.token_stride_bytes} bytes apart in cache "
+                f"tensor `{tensor.name}`: needs 16-byte alignment")
+    if spec.heads_kv > 1 and src.head_stride_bytes % 16:
+        return (f"segment `{src.segment}`: its copies (one a kv head) are {src.head_stride_bytes} bytes "
+                "apart in the record: needs 16-byte alignment")
+    return None
+
+
 class Family:
     """A kernel family. Subclasses set the class attributes and implement lower()."""
 

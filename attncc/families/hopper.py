@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from ..ir import DTYPES, Spec
 from ..layout import Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, ready_words
+from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, misaligned, ready_words
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by both consumer warp groups
@@ -148,10 +148,8 @@ class HopperFamily(Family):
             if src.smem_col % BOX_COLS or src.width % BOX_COLS:
                 raise Refusal(f"segment `{src.segment}`: every piece of the staged row must "
                               f"fill whole {BOX_COLS}-column boxes", spec.segment(src.segment).span)
-            if src.offset_bytes % 16 or src.head_stride_bytes % 16:
-                raise Refusal(f"segment `{src.segment}` starts at byte {src.offset_bytes} "
-                              f"(head stride {src.head_stride_bytes}): needs 16-byte alignment",
-                              spec.segment(src.segment).span)
+            if misaligned(spec, layout, src):
+                raise Refusal(misaligned(spec, layout, src), spec.segment(src.segment).span)
             if DTYPES[src.dtype].is_fp8 and src.width % (2 * BOX_COLS):
                 raise Refusal(f"segment `{src.segment}`: the producer dequantizes fp8 in pairs of "
                               f"{BOX_COLS}-column boxes (128 values a token); this run is {src.width} wide",

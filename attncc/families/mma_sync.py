@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..ir import SCALE_BYTES, Spec
 from ..layout import CHUNK_BYTES, Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, ready_words
+from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, misaligned, ready_words
 
 MAX_ACC_REGS = 128    # fp32 output accumulators per thread (255 registers, no spills)
 MAX_SCORE_REGS = 32   # fp32 scores per thread
@@ -181,11 +181,8 @@ class MmaSyncFamily(Family):
                     f"fp8 segment `{src.segment}`: dequantizes 16 values at a time and needs "
                     f"scale groups (per {src.scale.group}) and slices starting at a multiple of "
                     "16", spec.segment(src.segment).span)
-            if src.offset_bytes % CHUNK_BYTES or src.head_stride_bytes % CHUNK_BYTES:
-                raise Refusal(
-                    f"segment `{src.segment}` starts at byte {src.offset_bytes} of the record "
-                    f"(head stride {src.head_stride_bytes}): needs 16-byte alignment",
-                    spec.segment(src.segment).span)
+            if misaligned(spec, layout, src):
+                raise Refusal(misaligned(spec, layout, src), spec.segment(src.segment).span)
 
     def _check_knobs(self, spec: Spec) -> None:
         sched = spec.schedule
