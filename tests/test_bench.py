@@ -135,3 +135,30 @@ def test_kernel_split_groups_a_profile_into_calls():
     swapped[3] = (swapped[3][0], 130.0, 530.0)
     with pytest.raises(ValueError, match="different kernels"):
         ks.per_call(swapped, 3)
+
+
+def test_build_fuzz_draws_specs_of_the_language():
+    """bench/build_fuzz.py's specs (the build fuzz of session 28): each is checked without a bare
+    Python error, either accepted with its families asked in turn or refused by a positioned
+    SpecError; over 300 draws some run on each family and some on none."""
+    import random
+    import warnings
+
+    from attncc.errors import SpecError
+    from attncc.testing import families_of
+
+    fuzz = load_script(REPO / "bench" / "build_fuzz.py", "attncc_bench_build_fuzz")
+    rng = random.Random(5)
+    seen, refused = set(), 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(300):
+            text = fuzz.spec_text(rng, f"fz{i}")
+            try:
+                check_spec(text)
+                seen.update(families_of(text) or ["none"])
+            except SpecError as exc:
+                assert str(exc).startswith("<string>:"), str(exc)
+                refused += 1
+    assert {"hopper", "mma_sync", "none"} <= seen
+    assert refused < 150
