@@ -87,6 +87,9 @@ EXTRA = {
     value = latent
     query len <= 2 causal
 }""",
+    # ... e5m2 per 32 at page 1, s_q 1 (mma_sync's 32-row fp8 tiles: 64 tokens spilled there)
+    "mla_fp8_e5m2_h32": mla(page=1, heads=32, sq=1, causal=False).replace(
+        "latent: bf16[512]", "latent: e5m2[512] scale fp32 per 32").replace("mla_p1_h32", "mla_fp8_e5m2_h32"),
     "mla_fp8_dense128": """attention mla_fp8_dense128 {
     heads q = 16, kv = 1
     cache paged(16) {

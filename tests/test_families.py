@@ -20,7 +20,7 @@ from attncc.families import Family, KernelConfig, MmaSyncFamily, Refusal
 from attncc.lower import UnsupportedSpec, lower
 from attncc.render import constant_name, constants, render
 
-from specs import EXTRA
+from specs import EXTRA, gla
 from support import compile_quiet, have_nvcc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -230,19 +230,21 @@ def test_scale_records_where_a_tokens_scales_are_one_aligned_16_byte_run():
 
 
 @pytest.mark.parametrize("name, why", [
-    ("mla_fp8_per128_h32", "32 rows of fp8 with a scale per 128: 64 tokens spill"),
+    ("mla_fp8_per128_h32", "32 rows of fp8 records of a 512-wide value: 64 tokens spill"),
+    ("mla_fp8_per64", "32 rows of fp8 records of a 512-wide value: 64 tokens spill"),
     ("gla2_fp8_separate", "fp8 of several kv heads from several cache tensors: 64 tokens spill"),
 ])
 def test_mma_sync_takes_32_token_tiles_where_64_spill(name, why):
-    """mma_sync's fp8 plans whose 64-token tiles ptxas spilled (a scale per 128 in 32-row tiles;
-    several kv heads from several cache tensors in 64-row tiles) take 32 tokens, and say why
-    (tests/test_build.py compiles them); a scale per 64 in 32-row tiles keeps 64; a separate MLA cache in
-    64-row tiles copies at the top of the step instead."""
+    """mma_sync's fp8 plans whose 64-token tiles ptxas spilled (MLA's 512-wide value in 32-row
+    tiles, any scale group; several kv heads from several cache tensors in 64-row tiles) take 32
+    tokens, and say why (tests/test_build.py compiles them); GLA's 256-wide latent in 32-row
+    tiles keeps 64; a separate MLA cache in 64-row tiles copies at the top of the step instead."""
     k = compile_quiet(EXTRA[name])
     assert k.plan.family == "mma_sync" and k.plan.config.tile_n == 32
     assert re.search(rf"^\s+tile_n\s+32\s+{re.escape(why)}", k.explain(), re.M)
-    per64 = compile_quiet(EXTRA["mla_fp8_per64"]).plan.config
-    assert (per64.tile_m, per64.tile_n, per64.copy_interleave) == (32, 64, True)
+    narrow = compile_quiet(gla("g", heads=64, kv=2).replace("latent: bf16[256]", "latent: e4m3[256] scale fp32 per 64"),
+                           family="mma_sync").plan.config
+    assert (narrow.tile_m, narrow.tile_n) == (32, 64)
     separate = compile_quiet(EXTRA["mla_fp8_separate_h64"])
     assert (separate.plan.config.tile_m, separate.plan.config.copy_interleave) == (64, False)
     assert "(or cache tensors, 64 rows): their run addresses would stay live" in separate.explain()

@@ -217,17 +217,18 @@ class MmaSyncFamily(Family):
         # record stage less than STREAM_TILE_BYTES: then 64 (GTA-4's 192-column row, same process:
         # 79 -> 91% of 4.48 TB/s at page 64, 76 -> 89% at page 16). Wider rows want 64 tokens.
         narrow = SmemRows.of(layout.staged_width).bytes(32) < STREAM_TILE_BYTES
-        wide_scales = any(src.scale and src.scale.group % 128 == 0 for src in layout.sources)
         head_tensors = layout.fp8 and len(layout.tensors) > 1 and spec.heads_kv > 1
 
         def spills_at_64(m: int) -> str | None:
             """Why a tile of m rows starts at 32 tokens, where 64 spilled (ptxas, sm_90a), else None:
-            fp8 records of one scale per >= 128 values into 32 rows (48 bytes: MLA e4m3 per 128 at
-            h_q 32, any page, s_q 1 to 4; per 64 builds), or of several kv heads from several cache
-            tensors (each tensor's per-head address live) into 64 rows (8-16 bytes: GLA-2, separate
-            latent, scales and shared rope, h_q 128, a scale per 64 or 128)."""
-            if m == 32 and wide_scales:
-                return "32 rows of fp8 with a scale per 128: 64 tokens spill (ptxas)"
+            fp8 records of a 512-wide value (a warp's 128 accumulators) into 32 rows (12-48 bytes:
+            MLA at h_q 32, e4m3 per 128 at any page and s_q 1 to 4; e4m3 per 64 at pages 1, 16
+            and 64 at s_q 1 and 3, e5m2 per 64 and e4m3 per 32 at pages 1 and 64; the grid's s_q 2
+            causal at page 64 and s_q 4 causal at page 7 built; GLA's 256-wide latents build), or of several kv heads from several cache tensors (each tensor's per-head address
+            live) into 64 rows (8-16 bytes: GLA-2, separate latent, scales and shared rope, h_q 128,
+            a scale per 64 or 128)."""
+            if m == 32 and layout.fp8 and spec.d_v >= 512:
+                return "32 rows of fp8 records of a 512-wide value: 64 tokens spill (ptxas)"
             if m == 64 and head_tensors:
                 return "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
             return None
