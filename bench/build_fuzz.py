@@ -88,6 +88,8 @@ def main(argv=None) -> int:
             try:
                 spec = check_spec(path)
                 families = families_of(path)
+                if not families:
+                    lower(spec)  # raises what a user reads
             except SpecError as exc:
                 unsupported.append(f"{path}: {str(exc).splitlines()[0]}")
                 continue

@@ -90,6 +90,13 @@ EXTRA = {
     # ... e5m2 per 32 at page 1, s_q 1 (mma_sync's 32-row fp8 tiles: 64 tokens spilled there)
     "mla_fp8_e5m2_h32": mla(page=1, heads=32, sq=1, causal=False).replace(
         "latent: bf16[512]", "latent: e5m2[512] scale fp32 per 32").replace("mla_p1_h32", "mla_fp8_e5m2_h32"),
+    # ... and a 32-wide rope (d_k 544: no whole 64-column steps) at h_q 64 (64-row tiles)
+    "mla_fp8_rope32": """attention mla_fp8_rope32 {
+    heads q = 64, kv = 1
+    cache paged(16) { latent: e5m2[512] scale fp32 per 64  rope: bf16[32] }
+    key = latent ++ rope
+    value = latent
+}""",
     "mla_fp8_dense128": """attention mla_fp8_dense128 {
     heads q = 16, kv = 1
     cache paged(16) {

@@ -232,11 +232,13 @@ def test_scale_records_where_a_tokens_scales_are_one_aligned_16_byte_run():
 @pytest.mark.parametrize("name, why", [
     ("mla_fp8_per128_h32", "32 rows of fp8 records of a 512-wide value: 64 tokens spill"),
     ("mla_fp8_per64", "32 rows of fp8 records of a 512-wide value: 64 tokens spill"),
+    ("mla_fp8_rope32", "fp8 records of a 512-wide value and a 544-wide key in 64 rows: 64 tokens spill"),
     ("gla2_fp8_separate", "fp8 of several kv heads from several cache tensors: 64 tokens spill"),
 ])
 def test_mma_sync_takes_32_token_tiles_where_64_spill(name, why):
     """mma_sync's fp8 plans whose 64-token tiles ptxas spilled (MLA's 512-wide value in 32-row
-    tiles, any scale group; several kv heads from several cache tensors in 64-row tiles) take 32
+    tiles, any scale group, or in 64-row tiles with a 544-wide key; several kv heads from several
+    cache tensors in 64-row tiles) take 32
     tokens, and say why (tests/test_build.py compiles them); GLA's 256-wide latent in 32-row
     tiles keeps 64; a separate MLA cache in 64-row tiles copies at the top of the step instead."""
     k = compile_quiet(EXTRA[name])

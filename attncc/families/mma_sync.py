@@ -226,11 +226,15 @@ class MmaSyncFamily(Family):
             and 64 at s_q 1 and 3, e5m2 per 64 and e4m3 per 32 at pages 1 and 64; the grid's s_q 2
             causal at page 64 and s_q 4 causal at page 7 built; GLA's 256-wide latents build), or of several kv heads from several cache tensors (each tensor's per-head address
             live) into 64 rows (8-16 bytes: GLA-2, separate latent, scales and shared rope, h_q 128,
-            a scale per 64 or 128)."""
+            a scale per 64 or 128), or of a 512-wide value with a key of no whole 64-column steps
+            into 64 rows (8 bytes: a 32-wide rope, d_k 544; MLA and GLA-2, e5m2 per 64 and e4m3
+            per 128, groups of 64 and 96; bf16 and a 64-wide rope build)."""
             if m == 32 and layout.fp8 and spec.d_v >= 512:
                 return "32 rows of fp8 records of a 512-wide value: 64 tokens spill (ptxas)"
             if m == 64 and head_tensors:
                 return "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
+            if m == 64 and layout.fp8 and spec.d_v >= 512 and spec.d_k % 64:
+                return f"fp8 records of a 512-wide value and a {spec.d_k}-wide key in 64 rows: 64 tokens spill (ptxas)"
             return None
 
         def spills_deep(tile_n: int, warps: int, stages: int) -> str | None:
@@ -264,9 +268,10 @@ class MmaSyncFamily(Family):
                         why += [("tile_m", f"`tile q = {tile_m}`" if sched.tile_q else
                                  f"the group of {spec.group} query heads, in whole mma tiles"),
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
+                                 spills_at_64(tile_m) if tile_n == 32 and spills_at_64(tile_m) else
                                  ("measured default for 16 rows of a record staging < "
                                   f"{STREAM_TILE_BYTES // 1024} KB in 32 tokens" if tile_m == 16 and narrow
-                                  else spills_at_64(tile_m) or "measured default for this row count") if not reasons else
+                                  else "measured default for this row count") if not reasons else
                                  "the widest default that fits shared memory" + next(
                                      (f" and does not spill ({r.split(': ', 1)[1]})" for r in reversed(reasons)
                                       if r.endswith("spill (ptxas)")), "")),
