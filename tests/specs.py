@@ -75,6 +75,9 @@ EXTRA = {
     # values of <= 256 run stacked (128-row CTAs): a group of 96 gives row blocks of 96 rows
     # (s_q 1: each warp group its own rows, the second's 32 past the end masked) and, at s_q 2, 128
     # rows then 64 (that row block's groups alternate tiles and merge); the seesaw on them too
+    # GLA-2 of a 512-wide latent, 48 query heads a kv head (mma_sync), s_q 2 causal: 64-row tiles
+    # spill there, the lowering takes 32
+    "gla2_w512_causal": gla("gla2_w512_causal", heads=96, kv=2, page=16, latent=512),
     "gla_g96": gla("gla_g96", heads=192, kv=2, page=16),
     "gla2_seesaw": gla("gla2_seesaw", heads=128, kv=2, extra="schedule gla2_seesaw {\n    seesaw\n}\n"),
     "mla_fp8_per64": """attention mla_fp8_per64 {

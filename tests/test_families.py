@@ -312,6 +312,20 @@ def test_both_families_say_which_alignment_a_record_misses(cache, message):
             compile_quiet(text, family=family).plan
 
 
+def test_mma_sync_takes_32_row_tiles_where_64_spill():
+    """64-row tiles of a 512-wide value of several kv heads under the causal rule at s_q > 1
+    spilled (ptxas) at every token count, so mma_sync takes 32 rows there and says why; the
+    same spec at s_q 1, without `causal`, or of one kv head keeps 64."""
+    k = compile_quiet(EXTRA["gla2_w512_causal"])
+    assert (k.plan.family, k.plan.config.tile_m) == ("mma_sync", 32)
+    assert re.search(r"^\s+tile_m\s+32\s+64-row tiles of a 512-wide value of several kv heads under the causal "
+                     r"rule spill \(ptxas\)", k.explain(), re.M)
+    text = EXTRA["gla2_w512_causal"].replace("heads q = 96", "heads q = 128")
+    for other in (text.replace("query len <= 2 causal", "query len <= 1"), text.replace(" causal", ""),
+                  text.replace("kv = 2", "kv = 1").replace(" shared", "")):
+        assert compile_quiet(other, family="mma_sync").plan.config.tile_m == 64, other
+
+
 def test_hopper_refuses_sparse_from_several_tensors_at_a_group_of_64():
     """Sparse top-k from a separate cache at h_q 64 and a page above 1 spilled in the Hopper
     family's part kernels (ptxas), so the lowering refuses it there, at the cache, and mma_sync

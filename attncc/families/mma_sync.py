@@ -210,8 +210,16 @@ class MmaSyncFamily(Family):
         # (measured: MLA h_q = 16 at s_q = 1 streams 2.3 TB/s with 32-row tiles). Extra query
         # tokens become extra row tiles over the same KV, re-read from L2.
         preferred = next(m for m in ROWS if m >= min(spec.group, 64))
+        # 64-row tiles of a 512-wide value of several kv heads under the causal rule at s_q > 1
+        # spilled 4-12 bytes in every token count tried (16 to 64; ptxas, sm_90a: GLA-2 and GLA-8
+        # of a 512 bf16 latent, groups 48, 64 and 128, pages 1 and 16, s_q 2 and 3): 32 rows
+        # build (one kv head's per-head address beside the causal limits of two query tokens)
+        rows_spill = (spec.heads_kv > 1 and spec.d_v >= 512 and spec.causal and spec.max_query_len > 1
+                      and not sched.tile_q)
+        if rows_spill and preferred == 64:
+            preferred = 32
         # narrow values may need a taller tile for a legal warp layout: try those next
-        tile_ms = [sched.tile_q] if sched.tile_q else [m for m in ROWS if m >= preferred]
+        tile_ms = [sched.tile_q] if sched.tile_q else [m for m in ROWS if m >= preferred and not (rows_spill and m == 64)]
         # Measured on the H200 (bench/RESULTS.md): a 16-row tile is memory-bound and streams
         # best with 2 stages, 2 CTAs per SM and 32-token tiles, unless 32 tokens of a narrow
         # record stage less than STREAM_TILE_BYTES: then 64 (GTA-4's 192-column row, same process:
@@ -266,6 +274,8 @@ class MmaSyncFamily(Family):
                         reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: {deep}")
                     elif smem["smem_bytes"] <= limit:
                         why += [("tile_m", f"`tile q = {tile_m}`" if sched.tile_q else
+                                 "64-row tiles of a 512-wide value of several kv heads under the causal rule "
+                                 "spill (ptxas)" if rows_spill and tile_m == 32 else
                                  f"the group of {spec.group} query heads, in whole mma tiles"),
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
                                  spills_at_64(tile_m) if tile_n == 32 and spills_at_64(tile_m) else
