@@ -144,6 +144,54 @@ def smem_regions(d_k: int, layout: Layout, tile_m: int, tile_n: int, stages: int
     return r
 
 
+# --- what ptxas spilled (sm_90a), learned one layout at a time -------------------------------
+# Each rule names a shape whose kernels spilled although the register model above allows them,
+# the evidence, and what builds instead; the lowering steps around it and explain quotes it.
+# bench/build_fuzz.py finds the next one (bench/RESULTS.md, sessions 27 and 28).
+
+def rows_spill(spec: Spec) -> str | None:
+    """Why 64-row tiles are skipped, else None: a 512-wide value of several kv heads under the
+    causal rule at s_q > 1 spilled 4-12 bytes at every token count tried (16 to 64: GLA-2 and
+    GLA-8 of a 512 bf16 latent, groups 48, 64 and 128, pages 1 and 16, s_q 2 and 3); 32 rows
+    build."""
+    if spec.heads_kv > 1 and spec.d_v >= 512 and spec.causal and spec.max_query_len > 1:
+        return "64-row tiles of a 512-wide value of several kv heads under the causal rule spill (ptxas)"
+    return None
+
+
+def tokens_spill(spec: Spec, layout: Layout, tile_m: int) -> str | None:
+    """Why a tile of tile_m rows starts at 32 tokens, else None:
+    - fp8 records of a 512-wide value (a warp's 128 accumulators) in 32 rows: 12-48 bytes (MLA
+      at h_q 32, e4m3 per 128 at any page and s_q 1 to 4; e4m3 per 64 at pages 1, 16 and 64 at
+      s_q 1 and 3, e5m2 per 64, e4m3 per 32; the grid's s_q 2 causal at page 64 and s_q 4 causal
+      at page 7 built; GLA's 256-wide latents build);
+    - fp8 of several kv heads from several cache tensors (each tensor's per-head address live)
+      in 64 rows: 8-16 bytes (GLA-2, separate latent, scales and shared rope, h_q 128, a scale
+      per 64 or 128);
+    - fp8 records of a 512-wide value and a key of no whole 64-column steps in 64 rows: 8 bytes
+      (a 32-wide rope, d_k 544; MLA and GLA-2, e5m2 per 64 and e4m3 per 128, groups 64 and 96;
+      bf16 and a 64-wide rope build)."""
+    if not layout.fp8:
+        return None
+    if tile_m == 32 and spec.d_v >= 512:
+        return "32 rows of fp8 records of a 512-wide value: 64 tokens spill (ptxas)"
+    if tile_m == 64 and len(layout.tensors) > 1 and spec.heads_kv > 1:
+        return "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
+    if tile_m == 64 and spec.d_v >= 512 and spec.d_k % 64:
+        return f"fp8 records of a 512-wide value and a {spec.d_k}-wide key in 64 rows: 64 tokens spill (ptxas)"
+    return None
+
+
+def ring_spills(tile_n: int, warps: int, stages: int) -> str | None:
+    """Why a ring of `stages` tiles of tile_n tokens is skipped, else None: 8 warps (a 64-row tile
+    of a 512-wide value, ~250 registers at 2 stages) over 32-token tiles with 3 or 4 stages
+    spilled 4-8 bytes in the part kernels (MLA h_q 64 and 128, GLA-8 of a 512-wide latent; pages
+    1, 16, 64); 16-token tiles build at 3 to 8."""
+    if warps == 8 and tile_n == 32 and stages > 2:
+        return f"8 warps over {tile_n}-token tiles with {stages} stages spill (ptxas)"
+    return None
+
+
 class MmaSyncFamily(Family):
     name = "mma_sync"
     summary = "portable mma.sync + cp.async (sm_80 and later)"
@@ -210,56 +258,22 @@ class MmaSyncFamily(Family):
         # (measured: MLA h_q = 16 at s_q = 1 streams 2.3 TB/s with 32-row tiles). Extra query
         # tokens become extra row tiles over the same KV, re-read from L2.
         preferred = next(m for m in ROWS if m >= min(spec.group, 64))
-        # 64-row tiles of a 512-wide value of several kv heads under the causal rule at s_q > 1
-        # spilled 4-12 bytes in every token count tried (16 to 64; ptxas, sm_90a: GLA-2 and GLA-8
-        # of a 512 bf16 latent, groups 48, 64 and 128, pages 1 and 16, s_q 2 and 3): 32 rows
-        # build (one kv head's per-head address beside the causal limits of two query tokens)
-        rows_spill = (spec.heads_kv > 1 and spec.d_v >= 512 and spec.causal and spec.max_query_len > 1
-                      and not sched.tile_q)
-        if rows_spill and preferred == 64:
+        no_64 = None if sched.tile_q else rows_spill(spec)
+        if no_64 and preferred == 64:
             preferred = 32
         # narrow values may need a taller tile for a legal warp layout: try those next
-        tile_ms = [sched.tile_q] if sched.tile_q else [m for m in ROWS if m >= preferred and not (rows_spill and m == 64)]
+        tile_ms = [sched.tile_q] if sched.tile_q else [m for m in ROWS if m >= preferred and not (no_64 and m == 64)]
         # Measured on the H200 (bench/RESULTS.md): a 16-row tile is memory-bound and streams
         # best with 2 stages, 2 CTAs per SM and 32-token tiles, unless 32 tokens of a narrow
         # record stage less than STREAM_TILE_BYTES: then 64 (GTA-4's 192-column row, same process:
         # 79 -> 91% of 4.48 TB/s at page 64, 76 -> 89% at page 16). Wider rows want 64 tokens.
         narrow = SmemRows.of(layout.staged_width).bytes(32) < STREAM_TILE_BYTES
-        head_tensors = layout.fp8 and len(layout.tensors) > 1 and spec.heads_kv > 1
-
-        def spills_at_64(m: int) -> str | None:
-            """Why a tile of m rows starts at 32 tokens, where 64 spilled (ptxas, sm_90a), else None:
-            fp8 records of a 512-wide value (a warp's 128 accumulators) into 32 rows (12-48 bytes:
-            MLA at h_q 32, e4m3 per 128 at any page and s_q 1 to 4; e4m3 per 64 at pages 1, 16
-            and 64 at s_q 1 and 3, e5m2 per 64 and e4m3 per 32 at pages 1 and 64; the grid's s_q 2
-            causal at page 64 and s_q 4 causal at page 7 built; GLA's 256-wide latents build), or of several kv heads from several cache tensors (each tensor's per-head address
-            live) into 64 rows (8-16 bytes: GLA-2, separate latent, scales and shared rope, h_q 128,
-            a scale per 64 or 128), or of a 512-wide value with a key of no whole 64-column steps
-            into 64 rows (8 bytes: a 32-wide rope, d_k 544; MLA and GLA-2, e5m2 per 64 and e4m3
-            per 128, groups of 64 and 96; bf16 and a 64-wide rope build)."""
-            if m == 32 and layout.fp8 and spec.d_v >= 512:
-                return "32 rows of fp8 records of a 512-wide value: 64 tokens spill (ptxas)"
-            if m == 64 and head_tensors:
-                return "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
-            if m == 64 and layout.fp8 and spec.d_v >= 512 and spec.d_k % 64:
-                return f"fp8 records of a 512-wide value and a {spec.d_k}-wide key in 64 rows: 64 tokens spill (ptxas)"
-            return None
-
-        def spills_deep(tile_n: int, warps: int, stages: int) -> str | None:
-            """Why a ring of `stages` tiles of tile_n tokens is skipped, where it spilled (ptxas,
-            sm_90a), else None: 8 warps (a 64-row tile of a 512-wide value, ~250 registers at 2
-            stages) over 32-token tiles with 3 or 4 stages spilled 4-8 bytes in the part kernels
-            (MLA h_q 64 and 128, GLA-8 of a 512-wide latent; pages 1, 16, 64); 16-token tiles
-            build at 3 to 8."""
-            if warps == 8 and tile_n == 32 and stages > 2:
-                return f"8 warps over {tile_n}-token tiles with {stages} stages spill (ptxas)"
-            return None
 
         stage_choices = [sched.stages] if sched.stages else [2]
         reasons = []
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
                 [sched.tile_kv] if sched.tile_kv else
-                ([32, 16] if (m == 16 and not narrow) or spills_at_64(m) else [64, 32, 16]))):
+                ([32, 16] if (m == 16 and not narrow) or tokens_spill(spec, layout, m) else [64, 32, 16]))):
             for warps in WARPS:
                 rows = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
                 if rows is None:
@@ -269,16 +283,15 @@ class MmaSyncFamily(Family):
                 warps_n = warps // (tile_m // rows)
                 for stages in stage_choices:
                     smem = smem_regions(spec.d_k, layout, tile_m, tile_n, stages, warps_n)
-                    deep = spills_deep(tile_n, warps, stages)
+                    deep = ring_spills(tile_n, warps, stages)
                     if smem["smem_bytes"] <= limit and deep:
                         reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: {deep}")
                     elif smem["smem_bytes"] <= limit:
                         why += [("tile_m", f"`tile q = {tile_m}`" if sched.tile_q else
-                                 "64-row tiles of a 512-wide value of several kv heads under the causal rule "
-                                 "spill (ptxas)" if rows_spill and tile_m == 32 else
+                                 no_64 if no_64 and tile_m == 32 else
                                  f"the group of {spec.group} query heads, in whole mma tiles"),
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
-                                 spills_at_64(tile_m) if tile_n == 32 and spills_at_64(tile_m) else
+                                 tokens_spill(spec, layout, tile_m) if tile_n == 32 and tokens_spill(spec, layout, tile_m) else
                                  ("measured default for 16 rows of a record staging < "
                                   f"{STREAM_TILE_BYTES // 1024} KB in 32 tokens" if tile_m == 16 and narrow
                                   else "measured default for this row count") if not reasons else
