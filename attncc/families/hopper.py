@@ -148,8 +148,8 @@ class HopperFamily(Family):
             if src.smem_col % BOX_COLS or src.width % BOX_COLS:
                 raise Refusal(f"segment `{src.segment}`: every piece of the staged row must "
                               f"fill whole {BOX_COLS}-column boxes", spec.segment(src.segment).span)
-            if misaligned(spec, layout, src):
-                raise Refusal(misaligned(spec, layout, src), spec.segment(src.segment).span)
+            if off := misaligned(spec, layout, src):
+                raise Refusal(off, spec.segment(src.segment).span)
             if DTYPES[src.dtype].is_fp8 and src.width % (2 * BOX_COLS):
                 raise Refusal(f"segment `{src.segment}`: the producer dequantizes fp8 in pairs of "
                               f"{BOX_COLS}-column boxes (128 values a token); this run is {src.width} wide",

@@ -229,8 +229,8 @@ class MmaSyncFamily(Family):
                     f"fp8 segment `{src.segment}`: dequantizes 16 values at a time and needs "
                     f"scale groups (per {src.scale.group}) and slices starting at a multiple of "
                     "16", spec.segment(src.segment).span)
-            if misaligned(spec, layout, src):
-                raise Refusal(misaligned(spec, layout, src), spec.segment(src.segment).span)
+            if off := misaligned(spec, layout, src):
+                raise Refusal(off, spec.segment(src.segment).span)
 
     def _check_knobs(self, spec: Spec) -> None:
         sched = spec.schedule
@@ -271,6 +271,7 @@ class MmaSyncFamily(Family):
 
         stage_choices = [sched.stages] if sched.stages else [2]
         reasons = []
+        ring_skipped = None  # the last deeper ring skipped for spilling (ring_spills)
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
                 [sched.tile_kv] if sched.tile_kv else
                 ([32, 16] if (m == 16 and not narrow) or tokens_spill(spec, layout, m) else [64, 32, 16]))):
@@ -286,18 +287,19 @@ class MmaSyncFamily(Family):
                     deep = ring_spills(tile_n, warps, stages)
                     if smem["smem_bytes"] <= limit and deep:
                         reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: {deep}")
+                        ring_skipped = deep
                     elif smem["smem_bytes"] <= limit:
+                        no_64_tokens = tokens_spill(spec, layout, tile_m)
                         why += [("tile_m", f"`tile q = {tile_m}`" if sched.tile_q else
                                  no_64 if no_64 and tile_m == 32 else
                                  f"the group of {spec.group} query heads, in whole mma tiles"),
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
-                                 tokens_spill(spec, layout, tile_m) if tile_n == 32 and tokens_spill(spec, layout, tile_m) else
+                                 no_64_tokens if tile_n == 32 and no_64_tokens else
                                  ("measured default for 16 rows of a record staging < "
                                   f"{STREAM_TILE_BYTES // 1024} KB in 32 tokens" if tile_m == 16 and narrow
                                   else "measured default for this row count") if not reasons else
-                                 "the widest default that fits shared memory" + next(
-                                     (f" and does not spill ({r.split(': ', 1)[1]})" for r in reversed(reasons)
-                                      if r.endswith("spill (ptxas)")), "")),
+                                 "the widest default that fits shared memory" + (
+                                     f" and does not spill ({ring_skipped})" if ring_skipped else "")),
                                 ("stages", f"`stages {stages}`" if sched.stages else "default"),
                                 ("warps", "the fewest warps with a register-legal layout"
                                  if warps == WARPS[0] else "4 warps have no legal layout"),
