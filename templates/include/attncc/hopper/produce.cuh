@@ -296,8 +296,8 @@ struct TileTokens {
   }
   // Where thread p's chunk c = p % 8 finds its scale in the pair's first box: byte 16 c (a scale
   // a chunk), or byte 0 (one_scale_a_pair), plus 4 (r % 4) in token row r (scales_at), then the
-  // row (scale_row): a warp's four rows (r % 4 = 0..3) on four banks, not one (rows 128 bytes
-  // apart), so its scale reads and copies take one wavefront, not four. Every row a thread
+  // row's 128 r, as the raw chunks': a warp's four rows (r % 4 = 0..3) on four banks, not one
+  // (rows 128 bytes apart), so its scale reads and copies take one wavefront, not four. Every row a thread
   // touches is p / 8 + 16 k, rotated (crossover) by a multiple of 16 modulo 64: r % 4 = p / 8 % 4,
   // added once. (Written as (r % 4) 4 at each row, the any-stride part kernels of fp8 runs of a
   // scale per 32 or 64 spilled 4-8 bytes at every page size but 1: ptxas, sm_90a.)
@@ -306,7 +306,6 @@ struct TileTokens {
     static_assert(Cfg::kTileN % 16 == 0, "a thread's rows p / 8 + 16 k (+ 16 kMine) modulo kTileN keep p / 8 % 4");
     return box + (one_scale_a_pair<I>() ? 0 : p % 8 * 16) + p / 8 % 4 * 4;
   }
-  __device__ __forceinline__ static uint32_t scale_row(int r) { return r * 128; }
 
   // Scale records (the plan's kScaleRecordBytes > 0; one fp8 run of one scale a box pair, its
   // scales 16-byte aligned in the record, hopper.py): each token's scales of the run by one copy a
@@ -338,7 +337,7 @@ struct TileTokens {
   // The loads of fp8 box pair `box`, box + 1 of run I into stage `stage`, by cp.async: thread p's
   // chunk c = p % 8 (bytes 16 c of the pair's 128 a token, one scale group: the lowering puts
   // groups on multiples of 16) of each token it fills (its first kMine) into box + 1 at byte
-  // 128 r + 16 c of the token's row r; the scales into box at scales_at + scale_row (zeros for a token
+  // 128 r + 16 c of the token's row r; the scales into box at scales_at + 128 r (zeros for a token
   // without a slot): the chunk's own, or, one_scale_a_pair, the pair's one scale of token c (for
   // c < kMine: one copy for kMine tokens, not one a token and chunk; each 4-byte copy of a quarter
   // warp cost as much of L1 as its 16-byte raw chunks).
@@ -364,7 +363,7 @@ struct TileTokens {
       long long at;
       int ok;
       lane_token<src.scale_tensor>(c, at, ok);
-      if (c < kMine) cp_async_4_at(scale_at + scale_row(row(p, c % kMine)), scales, at, ok != 0);
+      if (c < kMine) cp_async_4_at(scale_at + row(p, c % kMine) * 128, scales, at, ok != 0);
 #pragma unroll
       for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
     } else {
@@ -372,7 +371,7 @@ struct TileTokens {
 #pragma unroll
       for (int j = 0; j < kMine; ++j) {
         cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
-        cp_async_4_at(scale_at + scale_row(row(p, j)), scales, off[j][src.scale_tensor], valid[j]);
+        cp_async_4_at(scale_at + row(p, j) * 128, scales, off[j][src.scale_tensor], valid[j]);
       }
     }
   }
@@ -443,7 +442,7 @@ struct TileTokens {
       if constexpr (records<I>()) {
         scale[j] = lds32f(record_at(sbase, stage, row(p, j)) + scale_index<Cfg, I>(box * kBoxCols - src.smem_col) * 4);
       } else {
-        scale[j] = lds32f(scale_at + scale_row(row(p, j)));
+        scale[j] = lds32f(scale_at + row(p, j) * 128);
       }
     }
     __syncwarp();
