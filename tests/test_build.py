@@ -1,8 +1,9 @@
 """The build (attncc/build.py) on a machine with nvcc and no GPU.
 
-(a) nvcc compile-only of every example (sm_90a and sm_80) and of the extra grid of
-    tests/specs.py: both kernels present, no spills, no stack, <= 255 registers, and the
-    library's exported shared-memory size equal to the plan's;
+(a) nvcc compile-only of every example (sm_90a and sm_80), of the extra grid of
+    tests/specs.py and of each grid spec on its other families (the GPU suite's name@family
+    pairs, whose session fixture builds them all): both kernels present, no spills, no stack,
+    <= 255 registers, and the library's exported shared-memory size equal to the plan's;
 (d) a failing build's BuildError (nvcc text, the generated source, a repro command);
 (e) the progress line on stderr.
 The cache of built libraries (keys, entries, locking) is tests/test_cache.py."""
@@ -13,6 +14,7 @@ import re
 import shlex
 import subprocess
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,9 @@ import attncc.render
 import attncc.resources
 from attncc.build import BuildError, compile_source
 from attncc.split import ctas_per_split
+from attncc.testing import families_of, on_family
 
-from specs import EXTRA, without_crossover
+from specs import EXTRA, all_specs, without_crossover
 from support import compile_quiet, have_nvcc, load_script
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,6 +64,8 @@ def small_plan():
 
 CASES = ([(f"example:{n}", arch) for n in EXAMPLES for arch in ("sm90a", "sm80")]
          + [(f"extra:{n}", "sm90a") for n in EXTRA]
+         + [(f"also:{n}@{fam}", "sm90a") for n, text in all_specs().items()
+            for fam in families_of(text)[1:]]
          + [(f"sm80:{n}", None) for n in ("gqa4_d64", "mla_fp8_per64", "gla2_separate_fp16",
                                           "mla_page1")])
 
@@ -71,6 +76,11 @@ def case_plan(case: str):
         return plan_of(name)
     if kind == "extra":
         return compile_quiet(EXTRA[name]).plan
+    if kind == "also":
+        name, family = name.split("@")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a tolerated knob's "not yet applied"
+            return on_family(all_specs()[name], family).plan
     plan = compile_quiet(sm80(EXTRA[name])).plan
     assert plan.target == "sm80"
     return plan

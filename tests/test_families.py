@@ -252,6 +252,20 @@ def test_mma_sync_takes_32_token_tiles_where_64_spill(name, why):
     assert "(or cache tensors, 64 rows): their run addresses would stay live" in separate.explain()
 
 
+def test_mma_sync_takes_16_token_tiles_where_32_spill():
+    """MLA fp8 with a scale per 32 under the causal rule at s_q 2 in 64-row tiles spilled 4
+    bytes at 32 tokens in mma_sync's any-stride part kernel (the GPU suite's
+    mla_fp8_per32_page16@mma_sync; tests/test_build.py compiles it): 16 tokens, and explain says
+    why; without the causal rule, or with a scale per 64, 32 tokens stay."""
+    k = compile_quiet(EXTRA["mla_fp8_per32_page16"], family="mma_sync")
+    assert (k.plan.config.tile_m, k.plan.config.tile_n) == (64, 16)
+    assert re.search(r"^\s+tile_n\s+16\s+fp8 records of a 512-wide value, a scale per 32, causal s_q > 1 in 64 "
+                     r"rows: 32 tokens spill \(ptxas\)", k.explain(), re.M)
+    for other in (EXTRA["mla_fp8_per32_page16"].replace(" causal", ""),
+                  EXTRA["mla_fp8_per32_page16"].replace("per 32", "per 64")):
+        assert compile_quiet(other, family="mma_sync").plan.config.tile_n == 32
+
+
 def test_hopper_refuses_fp8_from_a_cache_of_several_tensors():
     """The Hopper producer dequantizes fp8 from one packed record tensor: a separate cache
     (latent, its scales, rope) left it too few registers for a token's offsets (ptxas spilled

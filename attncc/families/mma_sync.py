@@ -159,26 +159,35 @@ def rows_spill(spec: Spec) -> str | None:
     return None
 
 
-def tokens_spill(spec: Spec, layout: Layout, tile_m: int) -> str | None:
-    """Why a tile of tile_m rows starts at 32 tokens, else None:
-    - fp8 records of a 512-wide value (a warp's 128 accumulators) in 32 rows: 12-48 bytes (MLA
-      at h_q 32, e4m3 per 128 at any page and s_q 1 to 4; e4m3 per 64 at pages 1, 16 and 64 at
-      s_q 1 and 3, e5m2 per 64, e4m3 per 32; the grid's s_q 2 causal at page 64 and s_q 4 causal
-      at page 7 built; GLA's 256-wide latents build);
+def tokens_cap(spec: Spec, layout: Layout, tile_m: int) -> tuple[int, str] | None:
+    """The widest token count a tile of tile_m rows builds at and why, else None (64):
+    - fp8 records of a 512-wide value, a scale per < 64 values, causal s_q > 1, in 64 rows:
+      16 (32 tokens spilled 4 bytes in the any-stride part kernel: MLA e4m3 per 32, h_q 64 and
+      128, pages 16 and 64, s_q 2; without the causal rule, or a scale per >= 64, 32 builds);
+    - fp8 records of a 512-wide value (a warp's 128 accumulators) in 32 rows: 32 (12-48 bytes
+      at 64: MLA at h_q 32, e4m3 per 128 at any page and s_q 1 to 4; e4m3 per 64 at pages 1, 16
+      and 64 at s_q 1 and 3, e5m2 per 64, e4m3 per 32; the grid's s_q 2 causal at page 64 and
+      s_q 4 causal at page 7 built; GLA's 256-wide latents build);
     - fp8 of several kv heads from several cache tensors (each tensor's per-head address live)
-      in 64 rows: 8-16 bytes (GLA-2, separate latent, scales and shared rope, h_q 128, a scale
-      per 64 or 128);
-    - fp8 records of a 512-wide value and a key of no whole 64-column steps in 64 rows: 8 bytes
-      (a 32-wide rope, d_k 544; MLA and GLA-2, e5m2 per 64 and e4m3 per 128, groups 64 and 96;
-      bf16 and a 64-wide rope build)."""
+      in 64 rows: 32 (8-16 bytes at 64: GLA-2, separate latent, scales and shared rope, h_q 128,
+      a scale per 64 or 128);
+    - fp8 records of a 512-wide value and a key of no whole 64-column steps in 64 rows: 32 (8
+      bytes at 64: a 32-wide rope, d_k 544; MLA and GLA-2, e5m2 per 64 and e4m3 per 128, groups
+      64 and 96; bf16 and a 64-wide rope build)."""
     if not layout.fp8:
         return None
+    groups = [s.scale.group for s in layout.sources if s.scale]
+    if (tile_m == 64 and spec.d_v >= 512 and spec.causal and spec.max_query_len > 1
+            and groups and min(groups) < 64):
+        return 16, (f"fp8 records of a 512-wide value, a scale per {min(groups)}, causal s_q > 1 "
+                    "in 64 rows: 32 tokens spill (ptxas)")
     if tile_m == 32 and spec.d_v >= 512:
-        return "32 rows of fp8 records of a 512-wide value: 64 tokens spill (ptxas)"
+        return 32, "32 rows of fp8 records of a 512-wide value: 64 tokens spill (ptxas)"
     if tile_m == 64 and len(layout.tensors) > 1 and spec.heads_kv > 1:
-        return "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
+        return 32, "fp8 of several kv heads from several cache tensors: 64 tokens spill (ptxas)"
     if tile_m == 64 and spec.d_v >= 512 and spec.d_k % 64:
-        return f"fp8 records of a 512-wide value and a {spec.d_k}-wide key in 64 rows: 64 tokens spill (ptxas)"
+        return 32, (f"fp8 records of a 512-wide value and a {spec.d_k}-wide key in 64 rows: 64 "
+                    "tokens spill (ptxas)")
     return None
 
 
@@ -274,7 +283,8 @@ class MmaSyncFamily(Family):
         ring_skipped = None  # the last deeper ring skipped for spilling (ring_spills)
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
                 [sched.tile_kv] if sched.tile_kv else
-                ([32, 16] if (m == 16 and not narrow) or tokens_spill(spec, layout, m) else [64, 32, 16]))):
+                [n for n in ([32, 16] if m == 16 and not narrow else [64, 32, 16])
+                 if n <= (tokens_cap(spec, layout, m) or (64, ""))[0]])):
             for warps in WARPS:
                 rows = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
                 if rows is None:
@@ -289,12 +299,12 @@ class MmaSyncFamily(Family):
                         reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: {deep}")
                         ring_skipped = deep
                     elif smem["smem_bytes"] <= limit:
-                        no_64_tokens = tokens_spill(spec, layout, tile_m)
+                        cap = tokens_cap(spec, layout, tile_m)
                         why += [("tile_m", f"`tile q = {tile_m}`" if sched.tile_q else
                                  no_64 if no_64 and tile_m == 32 else
                                  f"the group of {spec.group} query heads, in whole mma tiles"),
                                 ("tile_n", f"`tile kv = {tile_n}`" if sched.tile_kv else
-                                 no_64_tokens if tile_n == 32 and no_64_tokens else
+                                 cap[1] if cap and tile_n == cap[0] else
                                  ("measured default for 16 rows of a record staging < "
                                   f"{STREAM_TILE_BYTES // 1024} KB in 32 tokens" if tile_m == 16 and narrow
                                   else "measured default for this row count") if not reasons else
