@@ -12,6 +12,7 @@ import torch
 
 import attncc
 from attncc import split, storage, testing
+from attncc.families import hopper
 from attncc.ops import cache_list, op_for
 
 from specs import all_specs, without_crossover
@@ -482,30 +483,69 @@ def _assert_same_bits(k, op_a, op_b, seed):
             assert testing.compare(k.spec, case, a_out, a_lse).ok, (s_q, splits, lengths)
 
 
+def _seesaw_of(plan):
+    """A relay plan with the seesaw's consumers instead (both groups compute S, WG1's products
+    value first, hopper.py's seesaw registers): what the lowering chose before the relay."""
+    cfg = plan.config
+    assert cfg.relay
+    return dataclasses.replace(plan, config=dataclasses.replace(
+        cfg, relay=False, value_first=True, consumer_registers=hopper.CONSUMER_REGISTERS,
+        wg1_registers=hopper.CONSUMER_REGISTERS, producer_registers=hopper.PRODUCER_REGISTERS))
+
+
 @pytest.mark.parametrize("name", ["mla_fp8_sparse", "mla_fp8_crossover"])
 def test_crossover_on_and_off_give_the_same_bits(kernels, name):
     """The cluster's CTAs convert half of each tile each and share it; without crossover each
     converts all of it. The staged values are the same (an exact conversion), so the outputs
-    are bitwise equal, over forced splits and parts, with tokens without a slot."""
+    are bitwise equal to the seesaw's without crossover, over forced splits and parts, with
+    tokens without a slot. (Without crossover the lowering runs the relay: test_relay_...)"""
     k = kernels[name]
-    assert k.plan.config.crossover
+    assert k.plan.config.crossover and not k.plan.config.relay
     text = open(SPECS[name]).read() if SPECS[name].endswith(".attn") else SPECS[name]
     off = attncc.compile(without_crossover(text, f"{name}_off"))
-    assert off.plan.family == "hopper" and not off.plan.config.crossover
-    _assert_same_bits(k, k.op, off.op, name)
+    assert off.plan.family == "hopper" and not off.plan.config.crossover and off.plan.config.relay
+    _assert_same_bits(k, k.op, op_for(off.spec, _seesaw_of(off.plan), "_seesaw"), name)
 
 
-PACED = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64", "mla_fp8_crossover"]  # the seesaw's fp8 plans
+RELAY = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64", "mla_fp8_per128_h64", "mla_fp8_per32_page16"]
+
+
+@pytest.mark.parametrize("name", RELAY)
+def test_the_relay_agrees_with_the_seesaw(kernels, name):
+    """The relay (WG0 alone computes S and hands P to WG1) sums the same products in another
+    order than the seesaw (one running max, not two handed back and forth): both right against
+    the reference and within rounding of each other, every s_q, tokens without a slot, the
+    chosen split count, 3 forced splits and 7 balanced parts."""
+    k = kernels[name]
+    assert k.plan.family == "hopper" and k.plan.config.relay, name
+    seesaw = op_for(k.spec, _seesaw_of(k.plan), "_seesaw")
+    assert seesaw.library().path != k.op.library().path
+    rng = random.Random(name)
+    for s_q in range(1, k.spec.max_query_len + 1):
+        lengths = _lengths(k.spec, 5, rng)
+        case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
+        for splits in (0, 3, -7):
+            (a_out, a_lse), (b_out, b_lse) = (
+                op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens, case.indices,
+                   k.spec.softmax_scale, splits) for op in (k.op, seesaw))
+            for out, lse in ((a_out, a_lse), (b_out, b_lse)):
+                assert testing.compare(k.spec, case, out, lse).ok, (s_q, splits, lengths)
+            torch.testing.assert_close(a_out.float(), b_out.float(), atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(a_lse, b_lse, atol=1e-3, rtol=1e-4)
+
+
+PACED = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64", "mla_fp8_crossover"]  # the fp8 plans whose producer sets the pace
 
 
 @pytest.mark.parametrize("name", PACED)
 def test_the_producer_paced_order_gives_the_same_bits(kernels, name):
-    """value_first (WG1's products of tile a before S_b) and slots_ahead (the next tile's slots
-    loaded a tile ahead) reorder work, not sums: the outputs are bitwise those of the plan
-    without them, over forced splits and parts, with tokens without a slot."""
+    """value_first (the seesaw's WG1 products of tile a before S_b; crossover plans) and
+    slots_ahead (the next tile's slots loaded a tile ahead) reorder work, not sums: the outputs
+    are bitwise those of the plan without them, over forced splits and parts, with tokens
+    without a slot."""
     k = kernels[name]
     cfg = k.plan.config
-    assert k.plan.family == "hopper" and cfg.value_first and cfg.slots_ahead, name
+    assert k.plan.family == "hopper" and cfg.slots_ahead and cfg.value_first != cfg.relay, name
     plain = dataclasses.replace(k.plan, config=dataclasses.replace(cfg, value_first=False, slots_ahead=False))
     off = op_for(k.spec, plain, "_unpaced")
     assert off.library().path != k.op.library().path  # its own build, not the cached paced one

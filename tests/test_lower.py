@@ -148,8 +148,11 @@ def assert_hopper_legal(plan: Plan) -> None:
     assert cfg.flags_pitch >= 80
     assert cfg.rows_off >= cfg.flags_off + cfg.stages * cfg.flags_pitch and cfg.rows_off % 16 == 0
     assert cfg.work_off >= cfg.rows_off + 5 * 64 * 4 and cfg.smem_bytes <= TARGETS[plan.target].smem_per_block
-    # setmaxnreg trades within the launch's registers (an increase past them never returns)
-    assert 256 * cfg.consumer_registers + 128 * cfg.producer_registers <= cfg.registers * cfg.threads
+    # setmaxnreg trades within the launch's registers (an increase past them never returns); the
+    # relay's WG1 its own budget, anything else both consumer groups the same
+    assert 128 * (cfg.consumer_registers + cfg.wg1_registers + cfg.producer_registers) <= cfg.registers * cfg.threads
+    assert cfg.relay or cfg.wg1_registers == cfg.consumer_registers
+    assert not cfg.relay or (cfg.seesaw and cfg.stages == 2 and not cfg.crossover and not cfg.value_first)
     assert len({cfg.consumer_barrier, cfg.producer_barrier}) == 2 and 0 not in (
         cfg.consumer_barrier, cfg.producer_barrier) and cfg.barriers <= 16
 
@@ -653,21 +656,42 @@ def test_crossover_is_applied_by_the_hopper_family_and_explained():
 
 
 def test_the_fp8_seesaw_is_paced_by_its_producer_and_says_so():
-    """Where the seesaw's producer converts fp8 tiles itself (no TMA; with or without crossover),
-    the lowering orders WG1's products value first and loads slots a tile ahead, and explain says
-    why; not for bf16 MLA or the stacked schedule."""
-    for source in ((REPO / "examples" / "mla_fp8_sparse.attn").read_text(), EXTRA["sparse_fp8_h128"]):
-        paced = compile_quiet(source).plan  # (the last: sparse_fp8_h128's, rendered below)
-        assert paced.config.value_first and paced.config.slots_ahead and paced.config.tma_rows == 0
-        text = paced.explain_lines(1, 4096, 1)
-        assert any(re.search(r"value_first\s+True\s+the producer's fp8 conversion sets the pace", line) for line in text)
+    """Where the seesaw's producer converts fp8 tiles itself (no TMA), the lowering loads slots a
+    tile ahead and runs the relay (WG0 alone computes S and hands P to WG1: 192 / 160 / 152
+    registers); with crossover it keeps the seesaw, WG1's products value first; explain says why
+    each way. Not for bf16 MLA (the seesaw) or the stacked schedule."""
+    crossed = compile_quiet((REPO / "examples" / "mla_fp8_sparse.attn").read_text()).plan
+    assert crossed.config.crossover and not crossed.config.relay
+    assert crossed.config.value_first and crossed.config.slots_ahead and crossed.config.tma_rows == 0
+    text = crossed.explain_lines(1, 4096, 1)
+    assert any(re.search(r"value_first\s+True\s+the producer's fp8 conversion sets the pace", line) for line in text)
+    assert any(re.search(r"relay\s+False\s+not chosen: `crossover` pairs the seesaw's stages", line) for line in text)
+    rendered = render(crossed)
+    assert "static constexpr bool kValueFirst = true;" in rendered and "static constexpr bool kRelay = false;" in rendered
+    for name in ("sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64", "mla_fp8_per128_h64"):
+        relay = compile_quiet(EXTRA[name]).plan
+        cfg = relay.config
+        assert relay.family == "hopper" and cfg.relay and cfg.slots_ahead and not cfg.value_first, name
+        assert (cfg.consumer_registers, cfg.wg1_registers, cfg.producer_registers) == (192, 160, 152), name
+        text = relay.explain_lines(1, 4096, 1)
+        assert any(re.search(r"relay\s+True\s+chosen: the producer's fp8 conversion sets the pace", line) for line in text)
         assert any(re.search(r"slots_ahead\s+True\s+the next tile's page numbers / indices", line) for line in text)
+        assert any(re.search(r"value_first\s+False\s+relay: WG1 computes no S", line) for line in text)
+    rendered = render(relay)
+    for line in ("static constexpr bool kRelay = true;", "static constexpr bool kSlotsAhead = true;",
+                 "static constexpr int kConsumerRegisters = 192;", "static constexpr int kWg1Registers = 160;",
+                 "static constexpr int kProducerRegisters = 152;"):
+        assert line in rendered, line
     for source in (mla(heads=128), EXTRA["gla_fp8_e5m2"]):
         cfg = compile_quiet(source).plan.config
-        assert not cfg.value_first and not cfg.slots_ahead, source[:60]
-    rendered = render(paced)
-    assert "static constexpr bool kValueFirst = true;" in rendered
-    assert "static constexpr bool kSlotsAhead = true;" in rendered
+        assert not cfg.value_first and not cfg.slots_ahead and not cfg.relay, source[:60]
+        assert cfg.wg1_registers == cfg.consumer_registers
+    bf16 = compile_quiet(mla(heads=128)).explain()
+    assert re.search(r"^\s+relay\s+False\s+not chosen: both consumer warp groups compute scores", bf16, re.M)
+    # the seesaw asked for on GLA's 256-wide fp8 latent: two sets of stages fit, the seesaw stays
+    sets = compile_quiet(EXTRA["gla_fp8_e5m2"] + "\nschedule gla_fp8_e5m2 {\n    seesaw\n}\n")
+    assert (sets.plan.config.stages, sets.plan.config.relay, sets.plan.config.value_first) == (4, False, True)
+    assert re.search(r"^\s+relay\s+False\s+not chosen: two sets of stages", sets.explain(), re.M)
 
 
 CROSSOVER_REFUSALS = [

@@ -13,7 +13,11 @@
         WG1: O_R = O_R c_b + P_b V_b[:, 256:]                                       (wgmma RS)
 
 so each warp group owns half of the output (MLA's 512: 64 x 256 fp32, 128 registers a thread),
-no product is computed twice and one group's softmax overlaps the other's products. Stage a is
+no product is computed twice and one group's softmax overlaps the other's products.
+Where the producer's fp8 conversion sets the pace, the relay (relay.cuh, FlashMLA's sparse fp8
+division of the work) takes the seesaw's place: the same halves, but WG0 alone computes S, the
+softmax and O_L and hands P (and its rescale) to WG1 through the stage's P box, so WG1 holds
+only O_R and the producer gets 152 registers (192 / 160 / 152 by per-group setmaxnreg). Stage a is
 free in the middle of a pair (both groups read tile a first), so it refills while stage b is
 read; each stage is released in two halves (EMPTY early/late) as its readers finish. P of each
 tile goes to the first key-only box of its own stage (the rope columns, read only by S = Q K^T).
@@ -67,6 +71,7 @@ GROUP_THREADS = 128    # a warp group
 # 64,512: an increase past that waits forever), so 2 x 128 x consumer + 128 x producer <= 64,512
 CONSUMER_REGISTERS = 216  # seesaw: 2 x 128 x 216 + 128 x 72 = 64,512
 PRODUCER_REGISTERS = 72
+RELAY_REGISTERS = (192, 160, 152)  # relay: WG0 (O_L, S, softmax), WG1 (O_R), producer: 128 x 504 = 64,512
 STACKED_CONSUMER_REGISTERS = 224  # stacked: 2 x 128 x 224 + 128 x 56 = 64,512 (at 216 its part-mode
 STACKED_PRODUCER_REGISTERS = 56   # kernels spill 4-8 bytes; its producer, one stage a tile, fits 56)
 WORK_BYTES = 256       # the consumers' CtaWork (9 ints), then each role's part walk (12 ints)
@@ -81,8 +86,10 @@ class HopperConfig(KernelConfig):
                               # each owns 64 rows, or alternate tiles of the same rows)
     crossover: bool           # clusters of two CTAs (row blocks 2i, 2i + 1) sharing the fp8 conversion
     value_first: bool         # seesaw: WG1 takes O_R += P_a V_a before S_b (stage a free before b lands)
+    relay: bool               # the seesaw's halves, but WG0 alone computes S and hands P to WG1 (relay.cuh)
     slots_ahead: bool         # the producer loads the next tile's page numbers / indices a tile ahead
-    consumer_registers: int   # setmaxnreg of the consumer warp groups ...
+    consumer_registers: int   # setmaxnreg of the consumer warp groups (relay: of WG0) ...
+    wg1_registers: int        # ... relay: of WG1 (else consumer_registers)
     producer_registers: int   # ... and of the producer
     tma_rows: int             # tokens of one TMA copy of a box (tile_n: a tile of one page); 0: cp.async
     boxes: int                # 64-column boxes of a staged token row (= of a Q row)
@@ -337,6 +344,15 @@ class HopperFamily(Family):
         # of the time, s_q 1 0.943, h_q 64 0.949, fp8 dense 0.934; slots ahead alone 0.972 and
         # 0.985; on MLA bf16 page 1 (a cp.async plan, products set the pace) 1.014 / 1.000
         converts = seesaw and layout.fp8 and tma_rows == 0
+        # relay (relay.cuh, FlashMLA's sparse fp8 division of the work): WG0 alone computes S and
+        # hands P to WG1, whose registers are then O_R's. Where the producer sets the pace it
+        # measured faster than the seesaw (H200, same-process A/B, all ok against the reference,
+        # bench/RESULTS.md session 29): sparse fp8 h_q 128 s_q 2 0.981, s_q 1 0.986, h_q 64
+        # 0.996, fp8 dense h_q 128 0.985 (s_q 2) and 0.986 (s_q 1); where the products set the
+        # pace it lost (bf16 MLA 1.073, b=1 1.047): WG0's softmax is not overlapped. Not with
+        # crossover (not measured together; its seesaw's pairs are what the peers share stages by),
+        # nor with two sets of stages (relay.cuh: a handoff's next arrival needs its stage released)
+        relay = converts and not crossover and stages == PAIR_STAGES
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
             seesaw_why = ("`seesaw`" if sched.seesaw else
@@ -360,7 +376,14 @@ class HopperFamily(Family):
              "storing it into the peer's stage too (DSMEM)" if crossover else
              "not chosen: each CTA converts its tiles' fp8 runs itself (crossover measured slower, "
              "H200: 1.11-1.18x its time)" if layout.fp8 else "no fp8 run to share"),
-            ("value_first", "the producer's fp8 conversion sets the pace: WG1 takes O_R += P_a V_a "
+            ("relay", "chosen: the producer's fp8 conversion sets the pace; WG0 alone computes S and hands P "
+             "to WG1 (measured faster than the seesaw there, H200: 0.98-0.996 of its time)" if relay else
+             "not chosen: `crossover` pairs the seesaw's stages with the peer's" if converts and crossover else
+             "not chosen: two sets of stages (a handoff's next arrival would not wait for WG1)" if converts else
+             "not chosen: both consumer warp groups compute scores (the products set the pace; "
+             "relay measured 1.07 of the seesaw's time on bf16 MLA)" if seesaw else "seesaw only"),
+            ("value_first", "relay: WG1 computes no S" if relay else
+             "the producer's fp8 conversion sets the pace: WG1 takes O_R += P_a V_a "
              "before S_b, so stage a's late boxes are free before tile b lands" if converts else
              "not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)" if seesaw else
              "seesaw only"),
@@ -368,10 +391,14 @@ class HopperFamily(Family):
              "this one (a round trip before each tile's copies otherwise)" if converts else
              "not chosen: the producer does not set the pace" + ("" if seesaw else " (stacked)")),
             ("registers", f"launch bounds ({threads} threads, 1 CTA): {registers}, then setmaxnreg"),
-            ("consumer_registers", f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
+            ("consumer_registers", "relay, WG0: O_L (128) + S (32) and the rest: 184 spilled (ptxas)" if relay else
+             f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
              "spills (ptxas)" + ("" if seesaw else "; 216 leaves the fp8 producer 72" if layout.fp8
                                  else "; the split mode's merge: 216 spilled")),
-            ("producer_registers", "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
+            ("wg1_registers", "relay, WG1: O_R (128) and the rest: at 152 ptxas ignores the setmaxnreg" if relay
+             else "as WG0's (both groups run the same code)"),
+            ("producer_registers", "what the relay's consumers leave of 168 x 384" if relay
+             else "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
              else "the fp8 conversion of a box pair (4 tokens): 56 spilled with its loads in registers (ptxas, session 18)" if layout.fp8
              else "what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)"),
             ("tma_rows", tma_why),
@@ -388,9 +415,13 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
-            value_first=converts, slots_ahead=converts,
-            consumer_registers=CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
-            producer_registers=PRODUCER_REGISTERS if seesaw or layout.fp8 else STACKED_PRODUCER_REGISTERS,
+            value_first=converts and not relay, slots_ahead=converts, relay=relay,
+            consumer_registers=RELAY_REGISTERS[0] if relay else
+            CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
+            wg1_registers=RELAY_REGISTERS[1] if relay else
+            CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
+            producer_registers=RELAY_REGISTERS[2] if relay else
+            PRODUCER_REGISTERS if seesaw or layout.fp8 else STACKED_PRODUCER_REGISTERS,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,

@@ -62,8 +62,10 @@ struct Config {
   static constexpr bool kSeesaw = false;  // not chosen: a 256-wide value fits one warp group's accumulators (128 registers a thread), so each group takes whole rows (stacked); `seesaw` asks for it
   static constexpr bool kCrossover = false;  // no fp8 run to share
   static constexpr bool kValueFirst = false;  // seesaw only
+  static constexpr bool kRelay = false;  // seesaw only
   static constexpr bool kSlotsAhead = false;  // not chosen: the producer does not set the pace (stacked)
   static constexpr int kConsumerRegisters = 224;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas); the split mode's merge: 216 spilled
+  static constexpr int kWg1Registers = 224;  // as WG0's (both groups run the same code)
   static constexpr int kProducerRegisters = 56;  // what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
   static constexpr int kBoxes = 5;

@@ -62,8 +62,10 @@ struct Config {
   static constexpr bool kSeesaw = true;  // chosen: a 512-wide value splits into two 256-column halves, one per consumer warp group
   static constexpr bool kCrossover = true;  // `crossover`: clusters of two CTAs (row blocks 2i, 2i + 1 of a kv head, one query token's rows), each producer converting half of every tile's fp8 tokens and storing it into the peer's stage too (DSMEM)
   static constexpr bool kValueFirst = true;  // the producer's fp8 conversion sets the pace: WG1 takes O_R += P_a V_a before S_b, so stage a's late boxes are free before tile b lands
+  static constexpr bool kRelay = false;  // not chosen: `crossover` pairs the seesaw's stages with the peer's
   static constexpr bool kSlotsAhead = true;  // the next tile's page numbers / indices loaded while the producer fills this one (a round trip before each tile's copies otherwise)
   static constexpr int kConsumerRegisters = 216;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas)
+  static constexpr int kWg1Registers = 216;  // as WG0's (both groups run the same code)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
   static constexpr int kTmaRows = 0;  // cp.async: sparse top-k, a tile's tokens are wherever its indices say
   static constexpr int kBoxes = 9;

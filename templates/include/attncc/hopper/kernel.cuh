@@ -5,14 +5,16 @@
 // of a balanced part (part mode, core/schedule.cuh):
 //   warp group 2, the producer (produce.cuh; setmaxnreg down to kProducerRegisters): each tile
 //     into its stage box by box, by TMA (a page-64 tile inside the view) or cp.async;
-//   warp groups 0 and 1, the consumers (setmaxnreg up): Q into shared memory, then the plan's
-//     schedule over the tiles and the epilogue: the seesaw (seesaw.cuh) or stacked (stacked.cuh).
+//   warp groups 0 and 1, the consumers (setmaxnreg up; relay: WG0 up, WG1 down, each its own
+//     copy of the code, as_consumers): Q into shared memory, then the plan's schedule over the
+//     tiles and the epilogue: the seesaw (seesaw.cuh), the relay (relay.cuh) or stacked
+//     (stacked.cuh).
 // The roles walk the same pieces independently, the producer up to kStages tiles ahead; their
 // only contact is the barriers of the stages (FULL per box, FLAGS, EMPTY early/late), whose
 // phases both count per stage across pieces (traits.cuh: Progress).
 //
-// A stage's release, per tile. Seesaw: its early boxes (the value's left half) when WG0 has
-// read them last, the rest when both groups have; a pair's stage a in its middle, stage b at
+// A stage's release, per tile. Seesaw (and relay): its early boxes (the value's left half) when
+// WG0 has read them last, the rest when both groups have; a pair's stage a in its middle, stage b at
 // its end; the producer copies in that order: per pair, stage a early and late, then stage b.
 // Stacked: the whole stage (one early group) when both groups (or the tile's one) are past its
 // O += P V; the producer fills stage k % kStages with tile k of its stream.
@@ -23,8 +25,11 @@
 // before it exits.
 //
 // Runtime conditions as the mma_sync family's (host-checked in launch.cuh); registers: 168 a
-// thread at launch (384 threads, 1 CTA an SM), then kConsumerRegisters / kProducerRegisters.
+// thread at launch (384 threads, 1 CTA an SM), then kConsumerRegisters (relay: WG0's, WG1
+// kWg1Registers) / kProducerRegisters.
 #pragma once
+
+#include <type_traits>
 
 #include "attncc/abi.h"
 #include "attncc/core/common.cuh"
@@ -35,6 +40,7 @@
 #include "attncc/hopper/barrier.cuh"
 #include "attncc/hopper/cluster.cuh"
 #include "attncc/hopper/produce.cuh"
+#include "attncc/hopper/relay.cuh"
 #include "attncc/hopper/seesaw.cuh"
 #include "attncc/hopper/stacked.cuh"
 #include "attncc/hopper/traits.cuh"
@@ -45,6 +51,13 @@ namespace hopper {
 // The warp group of this thread, as a value the compiler knows is the same across the warp
 // (wgmma under a branch it cannot prove warp-uniform is serialized: ptxas C7520).
 __device__ __forceinline__ int warp_group() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kGroupThreads, 0); }
+
+// A consumer warp group's index (as_consumers): a constant (the relay's copies of the code), or
+// asked of the thread where it is used (warp_group(): the one copy both groups run).
+struct AskedGroup {};
+__device__ __forceinline__ int group_index(AskedGroup) { return warp_group(); }
+template <int kWg>
+__device__ __forceinline__ constexpr int group_index(std::integral_constant<int, kWg>) { return kWg; }
 
 // The KV tiles a CTA reads of its range: the causal cut by its last row.
 template <class Cfg>
@@ -157,11 +170,11 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
   }
 }
 
-// The consumers' part of a piece: Q, then the seesaw (seesaw.cuh) or the stacked schedule
-// (stacked.cuh).
-template <class Cfg>
+// The consumers' part of a piece: Q, then the seesaw (seesaw.cuh), the relay (relay.cuh) or the
+// stacked schedule (stacked.cuh); wg: the warp group (a constant in the relay's copies).
+template <class Cfg, class Wg>
 __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, unsigned char* smem, int ct,
-                                              Progress<Cfg::kStages>& pr) {
+                                              Progress<Cfg::kStages>& pr, Wg wg) {
   bool bad_len;
   const PieceTiles<Cfg> pt(a, w, bad_len);
   if (bad_len && ct == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SEQLEN);
@@ -186,12 +199,34 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   fence_async_shared();
   bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // Q and the work stash visible
   ATTNCC_TRACE(ct == 0, 3, first_pair, 1);
-  if constexpr (Cfg::kSeesaw) {
-    consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
+  if constexpr (Cfg::kRelay) {
+    consume_relay<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, group_index(wg), ct % kGroupThreads, pr);
+  } else if constexpr (Cfg::kSeesaw) {
+    consume<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, group_index(wg), ct % kGroupThreads, pr);
   } else {
-    consume_stacked<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, warp_group(), ct % kGroupThreads, pr);
+    consume_stacked<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, group_index(wg), ct % kGroupThreads, pr);
   }
   ATTNCC_TRACE(ct == 0, 3, first_pair, 2);
+}
+
+// The consumer warp groups' code after their setmaxnreg: body(wg). Relay: each group its own
+// budget (WG0 kConsumerRegisters, WG1 kWg1Registers) and its own copy of the code, the group a
+// constant in it (code reachable after two setmaxnregs would run within the smaller); else both
+// groups kConsumerRegisters, one copy, the group asked where it is used.
+template <class Cfg, class Body>
+__device__ __forceinline__ void as_consumers(Body&& body) {
+  if constexpr (Cfg::kRelay) {
+    if (warp_group() == 0) {
+      setmaxnreg_inc<Cfg::kConsumerRegisters>();
+      body(std::integral_constant<int, 0>{});
+    } else {
+      setmaxnreg_dec<Cfg::kWg1Registers>();
+      body(std::integral_constant<int, 1>{});
+    }
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegisters>();
+    body(AskedGroup{});
+  }
 }
 
 template <class Cfg>
@@ -246,9 +281,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
     cp_async_commit();
     cp_async_wait<0>();  // no copy in flight when the producer exits
   } else {
-    setmaxnreg_inc<Cfg::kConsumerRegisters>();
-    Progress<Cfg::kStages> pr;
-    consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, pr);
+    as_consumers<Cfg>([&](auto wg) {
+      Progress<Cfg::kStages> pr;
+      consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, pr, wg);
+    });
   }
   before_exit<Cfg>();
 }
@@ -300,7 +336,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     cp_async_commit();
     cp_async_wait<0>();
   } else {
-    setmaxnreg_inc<Cfg::kConsumerRegisters>();
+    as_consumers<Cfg>([&](auto wg) {
     // With ready words (core/ready.cuh), the consumers' first thread clears the CTA's and lets the
     // combine launch at once: its blocks merge each sequence once its words are set. (Here, not
     // before the roles part, where GLA-2's part kernels spilled 76-88 bytes, nor in the
@@ -309,11 +345,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     walk_pieces<Cfg>(
         args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
         [&](const CtaWork<Cfg>& w) {
-          consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, pr);
+          consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, pr, wg);
           fence_partials<Cfg>(args);
         },
         [&](int slot) { mark_ready<Cfg>(args, slot); });
     close_parts<Cfg>(args);
+    });
   }
   before_exit<Cfg>();
 }

@@ -68,45 +68,6 @@
 namespace attncc {
 namespace hopper {
 
-// P into a box (K-major A operand of an SS wgmma: row r, token column c at sw128(r, c / 8)).
-template <class Cfg>
-__device__ __forceinline__ void store_p(uint32_t box, const float (&p)[32], const Frag& f) {
-  using E = Elem16<Cfg::kElem>;
-#pragma unroll
-  for (int i = 0; i < Cfg::kTileN / 8; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sts32(box + sw128(f.r + 8 * h, i) + 4 * f.q, E::pack(p[4 * i + 2 * h], p[4 * i + 2 * h + 1]));
-}
-
-// O += P V with P from shared memory (box p_box).
-template <class Cfg, int kAcc>
-__device__ __forceinline__ void pv_ss(float (&o)[kAcc], uint32_t p_box, uint32_t box0) {
-  pin(o);
-  fence();
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
-    mma_ss<2 * kAcc, true>(o, desc_k_major(p_box, Cfg::kBoxBytes, 16 * kk), desc_n_major(box0, Cfg::kBoxBytes, 16 * kk), 1);
-  commit_group();
-  wait_group<0>();
-  pin(o);
-}
-
-// The shared row state: m, c_a, c_b, then l of each warp group (floats per row), by 32-bit
-// shared addresses (generic pointers would hold two registers each through the main loop).
-struct RowState {
-  uint32_t base;
-  static constexpr int kRows = 64;
-  __device__ __forceinline__ explicit RowState(uint32_t addr) : base(addr) {}
-  __device__ __forceinline__ float m(int r) const { return lds32f(base + 4 * r); }
-  __device__ __forceinline__ float ca(int r) const { return lds32f(base + 4 * (kRows + r)); }
-  __device__ __forceinline__ float cb(int r) const { return lds32f(base + 4 * (2 * kRows + r)); }
-  __device__ __forceinline__ float l(int wg, int r) const { return lds32f(base + 4 * ((3 + wg) * kRows + r)); }
-  __device__ __forceinline__ void set_m(int r, float v) const { sts32(base + 4 * r, __float_as_uint(v)); }
-  __device__ __forceinline__ void set_ca(int r, float v) const { sts32(base + 4 * (kRows + r), __float_as_uint(v)); }
-  __device__ __forceinline__ void set_cb(int r, float v) const { sts32(base + 4 * (2 * kRows + r), __float_as_uint(v)); }
-  __device__ __forceinline__ void set_l(int wg, int r, float v) const { sts32(base + 4 * ((3 + wg) * kRows + r), __float_as_uint(v)); }
-};
-
 // One consumer warp group's part of a piece: n_iter tiles from tile_begin, rows of `w`; `pr`:
 // where the stream of tiles stands before this piece (traits.cuh).
 template <class Cfg>

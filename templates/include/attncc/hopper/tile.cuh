@@ -1,7 +1,8 @@
-// attncc/hopper/tile.cuh: what both consumer schedules of the Hopper family (seesaw.cuh,
-// stacked.cuh) do with a KV tile in a consumer warp group: S = Q K^T (wgmma SS), the mask and
-// the row maxima, P = 2^(S c - m), O += P V with P from registers (wgmma RS), and the write of
-// a finished row (out and lse, or the partials). Every function is one warp group's, on its
+// attncc/hopper/tile.cuh: what the consumer schedules of the Hopper family (seesaw.cuh,
+// relay.cuh, stacked.cuh) do with a KV tile in a consumer warp group: S = Q K^T (wgmma SS), the
+// mask and the row maxima, P = 2^(S c - m), O += P V with P from registers (wgmma RS) or from a
+// box (SS), the rows' shared state of the two-group schedules, and the write of a finished row
+// (out and lse, or the partials). Every function is one warp group's, on its
 // 64 x N accumulators (wgmma.cuh: thread t holds rows r and r + 8, columns 8 i + 2 (t % 4) + {0, 1}).
 #pragma once
 
@@ -142,6 +143,47 @@ __device__ __forceinline__ void pv_rs(float (&o)[kAcc], uint32_t (&a)[Cfg::kTile
   wait_group<0>();
   pin(o);
 }
+
+// P into a box (K-major A operand of an SS wgmma: row r, token column c at sw128(r, c / 8)).
+template <class Cfg>
+__device__ __forceinline__ void store_p(uint32_t box, const float (&p)[32], const Frag& f) {
+  using E = Elem16<Cfg::kElem>;
+#pragma unroll
+  for (int i = 0; i < Cfg::kTileN / 8; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sts32(box + sw128(f.r + 8 * h, i) + 4 * f.q, E::pack(p[4 * i + 2 * h], p[4 * i + 2 * h + 1]));
+}
+
+// O += P V with P from shared memory (box p_box).
+template <class Cfg, int kAcc>
+__device__ __forceinline__ void pv_ss(float (&o)[kAcc], uint32_t p_box, uint32_t box0) {
+  pin(o);
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kTileN / 16; ++kk)
+    mma_ss<2 * kAcc, true>(o, desc_k_major(p_box, Cfg::kBoxBytes, 16 * kk), desc_n_major(box0, Cfg::kBoxBytes, 16 * kk), 1);
+  commit_group();
+  wait_group<0>();
+  pin(o);
+}
+
+// The shared row state of the two-group schedules: m, c_a, c_b, then l of each warp group
+// (floats per row; the seesaw's, or the relay's rescales of tiles a and b, l and m at the end),
+// by 32-bit shared addresses (generic pointers would hold two registers each through the main
+// loop).
+struct RowState {
+  uint32_t base;
+  static constexpr int kRows = 64;
+  __device__ __forceinline__ explicit RowState(uint32_t addr) : base(addr) {}
+  __device__ __forceinline__ float m(int r) const { return lds32f(base + 4 * r); }
+  __device__ __forceinline__ float ca(int r) const { return lds32f(base + 4 * (kRows + r)); }
+  __device__ __forceinline__ float cb(int r) const { return lds32f(base + 4 * (2 * kRows + r)); }
+  __device__ __forceinline__ float l(int wg, int r) const { return lds32f(base + 4 * ((3 + wg) * kRows + r)); }
+  __device__ __forceinline__ void set_m(int r, float v) const { sts32(base + 4 * r, __float_as_uint(v)); }
+  __device__ __forceinline__ void set_ca(int r, float v) const { sts32(base + 4 * (kRows + r), __float_as_uint(v)); }
+  __device__ __forceinline__ void set_cb(int r, float v) const { sts32(base + 4 * (2 * kRows + r), __float_as_uint(v)); }
+  __device__ __forceinline__ void set_l(int wg, int r, float v) const { sts32(base + 4 * ((3 + wg) * kRows + r), __float_as_uint(v)); }
+};
 
 // Row h (f.r + 8 h, CTA row R) of this thread's accumulators o[kFrom, kTo), whose o[0] is output
 // column col0 (2 q past an 8-column group's start, q = the thread's place in its quad), scaled by

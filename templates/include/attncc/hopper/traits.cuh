@@ -83,8 +83,8 @@ struct Progress {
   __device__ __forceinline__ void used(int stage) { phases ^= 1u << stage; }
 };
 
-// The plan as both schedules read it: the seesaw (seesaw.cuh: 64 rows, each consumer warp group
-// half of the output) and the stacked schedule (stacked.cuh: 128 rows, each group 64 of them, or
+// The plan as the schedules read it: the seesaw and the relay (seesaw.cuh, relay.cuh: 64 rows,
+// each consumer warp group half of the output) and the stacked schedule (stacked.cuh: 128 rows, each group 64 of them, or
 // 64 rows and alternate tiles, and the whole output).
 template <class Cfg>
 struct HopperTraits {
@@ -113,7 +113,8 @@ struct HopperTraits {
   __device__ static int stage_flags(int s) { return Cfg::kFlagsOff + s * Cfg::kFlagsPitch; }
 
   // mbarriers (8 bytes each) from kBarOff: FULL[stage][box], EMPTY early[stage], EMPTY
-  // late[stage], FLAGS[stage], then the consumer warp groups' handoffs (seesaw.cuh), each
+  // late[stage], FLAGS[stage], then the consumer warp groups' handoffs (seesaw.cuh; the relay
+  // uses P_A and P_B), each
   // completing once per pair of tiles when the 128 threads of the handing group have arrived.
   static constexpr int kBarOff = Cfg::kBarOff;
   __device__ static uint32_t full(uint32_t base, int stage, int box) { return base + kBarOff + 8 * (stage * kBoxes + box); }
@@ -136,6 +137,8 @@ struct HopperTraits {
   static_assert(Cfg::kTmaRows == 0 || (Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0 && !Cfg::kSparse),
                 "a TMA copy of a box: a tile of one page (dense)");
   static_assert(kStages >= 2 && (!kSeesaw || kStages % 2 == 0), "the seesaw: pairs of tiles, a pair in two stages");
+  static_assert(!Cfg::kRelay || (kSeesaw && kSets == 1 && !Cfg::kCrossover && !Cfg::kValueFirst),
+                "relay: the seesaw's tiles and halves, one set of stages, no crossover (hopper.py)");
   static_assert(kM == (kSeesaw ? 1 : 2) * kGroupRows && kN == 64,
                 "seesaw 64 rows (one wgmma M), stacked 128 (one per consumer warp group) x 64 tokens (a P tile is one box)");
   static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
@@ -162,9 +165,10 @@ struct HopperTraits {
   static_assert(Cfg::kScaleRecordBytes == 0 || Cfg::kScaleRecordBytes == 16, "scale records: 4 fp32 a token (hopper.py)");
   static_assert(Cfg::kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB");
   // setmaxnreg trades within the registers the CTA was launched with: an increase past them waits forever
-  static_assert(2 * kGroupThreads * Cfg::kConsumerRegisters + kGroupThreads * Cfg::kProducerRegisters <= Cfg::kRegisters * kThreads &&
-                    Cfg::kConsumerRegisters % 8 == 0 && Cfg::kProducerRegisters % 8 == 0 && Cfg::kProducerRegisters >= 24 &&
-                    Cfg::kConsumerRegisters <= 256 && Cfg::kRegisters * kThreads <= 65536,
+  static_assert(kGroupThreads * (Cfg::kConsumerRegisters + Cfg::kWg1Registers + Cfg::kProducerRegisters) <= Cfg::kRegisters * kThreads &&
+                    Cfg::kConsumerRegisters % 8 == 0 && Cfg::kWg1Registers % 8 == 0 && Cfg::kProducerRegisters % 8 == 0 &&
+                    Cfg::kProducerRegisters >= 24 && Cfg::kConsumerRegisters <= 256 && Cfg::kRegisters * kThreads <= 65536 &&
+                    (Cfg::kRelay || Cfg::kWg1Registers == Cfg::kConsumerRegisters),
                 "setmaxnreg budgets fit the register file");
   // crossover: the CTAs of a cluster are row blocks 2i and 2i + 1 of one kv head (the lane's
   // fastest index, core/work.cuh), which read the same tokens: the pair's rows are one query
