@@ -59,11 +59,7 @@ __device__ __forceinline__ void consume_relay(const AttnccArgs& a, const CtaWork
   for (int i = 0; i < kAcc; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   int row_limit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int R = w.mb * Cfg::kTileM + f.r + 8 * h;
-    row_limit[h] = R < w.rows_total ? w.token_limit(w.row_token(R), kv_len, s_q) : 0;
-  }
+  row_limits(w, f, w.mb * Cfg::kTileM, kv_len, s_q, row_limit);
   const int full_limit = w.token_limit(w.row_token(w.mb * Cfg::kTileM), kv_len, s_q);
   const float c = a.softmax_scale * kLog2e;
 

@@ -85,11 +85,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
   for (int i = 0; i < kAcc; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   int row_limit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int R = w.mb * Cfg::kTileM + f.r + 8 * h;
-    row_limit[h] = R < w.rows_total ? w.token_limit(w.row_token(R), kv_len, s_q) : 0;
-  }
+  row_limits(w, f, w.mb * Cfg::kTileM, kv_len, s_q, row_limit);
   // positions below full_limit are visible to every row (the first row has the smallest token)
   const int full_limit = w.token_limit(w.row_token(w.mb * Cfg::kTileM), kv_len, s_q);
   const float c = a.softmax_scale * kLog2e;

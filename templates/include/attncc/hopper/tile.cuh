@@ -33,6 +33,17 @@ struct Frag {
   __device__ __forceinline__ explicit Frag(int t) : r(16 * (t / 32) + (t % 32) / 4), q(t % 4) {}
 };
 
+// The causal limits of this thread's rows h = 0, 1 (CTA rows row0 + f.r + 8 h): the tokens each
+// may see, 0 past the CTA's rows.
+template <class Cfg>
+__device__ __forceinline__ void row_limits(const CtaWork<Cfg>& w, const Frag& f, int row0, int kv_len, int s_q, int (&limit)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int R = row0 + f.r + 8 * h;
+    limit[h] = R < w.rows_total ? w.token_limit(w.row_token(R), kv_len, s_q) : 0;
+  }
+}
+
 // S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed;
 // q: the warp group's 64 rows in the Q tile's first box. trace_slot: the warp group's trace slot
 // (core/trace.cuh: event 1, every box landed), -1 for none.
