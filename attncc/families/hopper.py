@@ -346,10 +346,12 @@ class HopperFamily(Family):
         converts = seesaw and layout.fp8 and tma_rows == 0
         # relay (relay.cuh, FlashMLA's sparse fp8 division of the work): WG0 alone computes S and
         # hands P to WG1, whose registers are then O_R's. Where the producer sets the pace it
-        # measured faster than the seesaw (H200, same-process A/B, all ok against the reference,
-        # bench/RESULTS.md session 29): sparse fp8 h_q 128 s_q 2 0.981, s_q 1 0.986, h_q 64
-        # 0.996, fp8 dense h_q 128 0.985 (s_q 2) and 0.986 (s_q 1); where the products set the
-        # pace it lost (bf16 MLA 1.073, b=1 1.047): WG0's softmax is not overlapped. Not with
+        # measured faster than the seesaw at b=128 (H200, same-process A/B, all ok against the
+        # reference, bench/RESULTS.md session 29): sparse fp8 h_q 128 s_q 2 0.981, s_q 1 0.986,
+        # h_q 64 0.996, fp8 dense h_q 128 0.985 (s_q 2) and 0.986 (s_q 1), h_q 64 page 1 0.987,
+        # a scale per 32 page 16 0.969; at b=8 s_q 1 even (h_q 128: 1.003) or slower (h_q 64
+        # page 1: 1.034), kept for the batches where fp8 decode's time goes. Where the products
+        # set the pace it lost (bf16 MLA 1.073, b=1 1.047): WG0's softmax is not overlapped. Not with
         # crossover (not measured together; its seesaw's pairs are what the peers share stages by),
         # nor with two sets of stages (relay.cuh: a handoff's next arrival needs its stage released)
         relay = converts and not crossover and stages == PAIR_STAGES
@@ -377,7 +379,8 @@ class HopperFamily(Family):
              "not chosen: each CTA converts its tiles' fp8 runs itself (crossover measured slower, "
              "H200: 1.11-1.18x its time)" if layout.fp8 else "no fp8 run to share"),
             ("relay", "chosen: the producer's fp8 conversion sets the pace; WG0 alone computes S and hands P "
-             "to WG1 (measured faster than the seesaw there, H200: 0.98-0.996 of its time)" if relay else
+             "to WG1 (measured against the seesaw, H200: 0.97-0.996 of its time at b=128; 1.00-1.03 "
+             "at b=8)" if relay else
              "not chosen: `crossover` pairs the seesaw's stages with the peer's" if converts and crossover else
              "not chosen: two sets of stages (a handoff's next arrival would not wait for WG1)" if converts else
              "not chosen: both consumer warp groups compute scores (the products set the pace; "
