@@ -688,10 +688,15 @@ def test_the_fp8_seesaw_is_paced_by_its_producer_and_says_so():
         assert cfg.wg1_registers == cfg.consumer_registers
     bf16 = compile_quiet(mla(heads=128)).explain()
     assert re.search(r"^\s+relay\s+False\s+not chosen: both consumer warp groups compute scores", bf16, re.M)
-    # the seesaw asked for on GLA's 256-wide fp8 latent: two sets of stages fit, the seesaw stays
+    # `seesaw` written on an fp8 MLA whose producer converts: the seesaw itself, not the relay
+    knob = compile_quiet(EXTRA["mla_fp8_page1_h64"] + "\nschedule mla_fp8_page1_h64 {\n    seesaw\n}\n")
+    assert (knob.plan.config.relay, knob.plan.config.value_first, knob.plan.config.consumer_registers) == (False, True, 216)
+    assert re.search(r"^\s+relay\s+False\s+not chosen: `seesaw` asks for the seesaw", knob.explain(), re.M)
+    # ... and on GLA's 256-wide fp8 latent (two sets of stages fit there, which the relay would
+    # not take either: the only way to two sets with a converting producer is this knob)
     sets = compile_quiet(EXTRA["gla_fp8_e5m2"] + "\nschedule gla_fp8_e5m2 {\n    seesaw\n}\n")
     assert (sets.plan.config.stages, sets.plan.config.relay, sets.plan.config.value_first) == (4, False, True)
-    assert re.search(r"^\s+relay\s+False\s+not chosen: two sets of stages", sets.explain(), re.M)
+    assert re.search(r"^\s+relay\s+False\s+not chosen: `seesaw` asks for the seesaw", sets.explain(), re.M)
 
 
 CROSSOVER_REFUSALS = [
@@ -720,7 +725,7 @@ def test_seesaw_is_applied_by_the_hopper_family_and_explained():
         k = attncc.compile(REPO / "examples" / "mla.attn")
     assert k.plan.family == "hopper" and k.plan.not_applied == () and k.plan.config.seesaw
     text = k.explain()
-    assert re.search(r"family hopper \(sm_90a warp-specialized wgmma, seesaw or stacked schedule\)", text)
+    assert re.search(r"family hopper \(sm_90a warp-specialized wgmma, seesaw, relay or stacked schedule\)", text)
     assert re.search(r"^\s+seesaw\s+True\s+`seesaw`", text, re.M)
 
 
@@ -739,7 +744,7 @@ def test_the_hopper_family_runs_gla2_stacked_and_says_why_not_the_seesaw():
     assert re.search(r"^\s+seesaw\s+False\s+not chosen: a 256-wide value fits one warp group's accumulators", text, re.M)
     assert re.search(r"^\s+tile_m\s+128\s+stacked: one wgmma M \(64 rows\) per consumer warp group, each token "
                      r"read once for 128 rows", text, re.M)
-    assert "family hopper (sm_90a warp-specialized wgmma, seesaw or stacked schedule)" in text
+    assert "family hopper (sm_90a warp-specialized wgmma, seesaw, relay or stacked schedule)" in text
 
 
 def test_the_seesaw_knob_keeps_gla2_on_the_seesaw_with_halves_of_128():

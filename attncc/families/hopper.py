@@ -122,7 +122,7 @@ class HopperConfig(KernelConfig):
 
 class HopperFamily(Family):
     name = "hopper"
-    summary = "sm_90a warp-specialized wgmma, seesaw or stacked schedule"
+    summary = "sm_90a warp-specialized wgmma, seesaw, relay or stacked schedule"
     targets = ("sm90a",)
     honours = frozenset({"tile", "stages", "seesaw", "crossover"})
     tolerates = frozenset()
@@ -353,8 +353,9 @@ class HopperFamily(Family):
         # page 1: 1.034), kept for the batches where fp8 decode's time goes. Where the products
         # set the pace it lost (bf16 MLA 1.073, b=1 1.047): WG0's softmax is not overlapped. Not with
         # crossover (not measured together; its seesaw's pairs are what the peers share stages by),
-        # nor with two sets of stages (relay.cuh: a handoff's next arrival needs its stage released)
-        relay = converts and not crossover and stages == PAIR_STAGES
+        # nor with two sets of stages (relay.cuh: a handoff's next arrival needs its stage
+        # released); and the `seesaw` knob asks for the seesaw itself
+        relay = converts and not crossover and stages == PAIR_STAGES and not sched.seesaw
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
             seesaw_why = ("`seesaw`" if sched.seesaw else
@@ -381,6 +382,7 @@ class HopperFamily(Family):
             ("relay", "chosen: the producer's fp8 conversion sets the pace; WG0 alone computes S and hands P "
              "to WG1 (measured against the seesaw, H200: 0.97-0.996 of its time at b=128; 1.00-1.03 "
              "at b=8)" if relay else
+             "not chosen: `seesaw` asks for the seesaw (both groups compute scores)" if converts and sched.seesaw else
              "not chosen: `crossover` pairs the seesaw's stages with the peer's" if converts and crossover else
              "not chosen: two sets of stages (a handoff's next arrival would not wait for WG1)" if converts else
              "not chosen: both consumer warp groups compute scores (the products set the pace; "
