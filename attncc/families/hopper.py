@@ -416,17 +416,16 @@ class HopperFamily(Family):
             DEPENDENT_LAUNCH_WHY[target.dependent_launch],
         )
         ready, ready_why = ready_words(spec, target)
+        wg0_regs, wg1_regs, producer_regs = (
+            RELAY_REGISTERS if relay else
+            (CONSUMER_REGISTERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS) if seesaw or layout.fp8 else
+            (STACKED_CONSUMER_REGISTERS, STACKED_CONSUMER_REGISTERS, STACKED_PRODUCER_REGISTERS))
         return HopperConfig(
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
             value_first=converts and not relay, slots_ahead=converts, relay=relay,
-            consumer_registers=RELAY_REGISTERS[0] if relay else
-            CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
-            wg1_registers=RELAY_REGISTERS[1] if relay else
-            CONSUMER_REGISTERS if seesaw or layout.fp8 else STACKED_CONSUMER_REGISTERS,
-            producer_registers=RELAY_REGISTERS[2] if relay else
-            PRODUCER_REGISTERS if seesaw or layout.fp8 else STACKED_PRODUCER_REGISTERS,
+            consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,

@@ -279,12 +279,13 @@ class MmaSyncFamily(Family):
         narrow = SmemRows.of(layout.staged_width).bytes(32) < STREAM_TILE_BYTES
 
         stage_choices = [sched.stages] if sched.stages else [2]
+        caps = {m: tokens_cap(spec, layout, m) for m in tile_ms}  # the widest token count that builds, why
         reasons = []
         ring_skipped = None  # the last deeper ring skipped for spilling (ring_spills)
         for tile_m, tile_n in ((m, n) for m in tile_ms for n in (
                 [sched.tile_kv] if sched.tile_kv else
                 [n for n in ([32, 16] if m == 16 and not narrow else [64, 32, 16])
-                 if n <= (tokens_cap(spec, layout, m) or (64, ""))[0]])):
+                 if not caps[m] or n <= caps[m][0]])):
             for warps in WARPS:
                 rows = warp_rows(spec.d_k, spec.d_v, tile_m, tile_n, warps)
                 if rows is None:
@@ -299,7 +300,7 @@ class MmaSyncFamily(Family):
                         reasons.append(f"tile {tile_m}x{tile_n}, {stages} stages: {deep}")
                         ring_skipped = deep
                     elif smem["smem_bytes"] <= limit:
-                        cap = tokens_cap(spec, layout, tile_m)
+                        cap = caps[tile_m]
                         why += [("tile_m", f"`tile q = {tile_m}`" if sched.tile_q else
                                  no_64 if no_64 and tile_m == 32 else
                                  f"the group of {spec.group} query heads, in whole mma tiles"),

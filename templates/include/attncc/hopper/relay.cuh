@@ -16,7 +16,7 @@
 //   release stage s (early, late)                          release stage s (late)
 //
 // WG1 holds no scores, no row state and no P: its registers are O_R's 128 and addresses, so the
-// plan can give the producer more (its fp8 loads straight into registers, produce.cuh). The
+// producer gets more (hopper.py: 152, the seesaw's 72). The
 // tensor cores run WG1's product of tile x beside WG0's S of tile x + 1; WG0's softmax is not
 // overlapped (the seesaw's point), the price of that.
 //
