@@ -4,7 +4,6 @@ same check runs under pytest -m gpu where two are present."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +21,11 @@ import os, sys, torch
 import torch.distributed as dist
 sys.path.insert(0, {examples!r})
 import tp_decode
-layout, out, device = sys.argv[1], sys.argv[2], sys.argv[3]
-dist.init_process_group("gloo" if device == "cpu" else "nccl")
+layout, out, device, store = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+# a file rendezvous: no TCP port to pick (a free port found, released, then taken by another
+# process made this test flaky)
+dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{{store}}",
+                        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 rank, world = dist.get_rank(), dist.get_world_size()
 if device == "cuda":
     torch.cuda.set_device(rank)
@@ -39,19 +41,14 @@ def load():
     return load_example("tp_decode")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(tmp_path, layout: str, world: int, device: str = "cpu") -> list[torch.Tensor]:
     script = tmp_path / "tp_worker.py"
     script.write_text(WORKER.format(examples=str(ROOT / "examples")))
     out = tmp_path / f"{layout}_{world}"
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
+    store = tmp_path / f"{layout}_{world}.store"  # the rendezvous file: fresh for each run
+    env = dict(os.environ, WORLD_SIZE=str(world),
                NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), layout, str(out), device],
+    procs = [subprocess.Popen([sys.executable, str(script), layout, str(out), device, str(store)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(world)]
