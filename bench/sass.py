@@ -2,12 +2,18 @@
 
     python3 bench/sass.py dump REPO OUTDIR         # examples + tests/specs.py, sm_90a and sm_80
     python3 bench/sass.py compare OUTDIR_A OUTDIR_B
+    python3 bench/sass.py loops LIB_OR_SASS [MIN]  # each kernel's loops and their instruction mix
 
 dump compiles with REPO's own lowering and templates and writes OUTDIR/<spec>-<arch>.sass
 (cuobjdump -sass: the CUDA toolkit's, or the one Triton's wheel carries in
 triton/backends/nvidia/bin; set CUOBJDUMP). compare prints, per kernel (decode, parts,
 combine), whether the instructions are identical and, if not, whether the main loop (the
-longest backward branch) is."""
+longest backward branch) is. loops lists, per kernel function of a built library (or of a
+.sass listing), every loop of at least MIN instructions (default 100): a backward branch whose
+body holds no EXIT (ptxas puts an mbarrier wait's retry after the function's exits and branches
+back from there: not a loop of the kernel), with its instruction count and its most frequent
+opcodes. A role's main loop (a consumer warp group's step, the producer's tile) then reads as
+the instructions it issues a step: static counts, the branches not taken included."""
 from __future__ import annotations
 
 import os
@@ -16,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,6 +76,52 @@ def main_loop(ins: list[str]) -> list[str]:
     return ins[best[0]: best[1] + 1]
 
 
+def functions(listing: str) -> dict[str, list[tuple[int, str]]]:
+    """Each function of a cuobjdump -sass listing: its (address, instruction) pairs."""
+    found, current = {}, None
+    for line in listing.splitlines():
+        if m := re.search(r"Function : (\S+)", line):
+            current = found.setdefault(m.group(1), [])
+        elif current is not None and (m := re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)):
+            current.append((int(m.group(1), 16), m.group(2)))
+    return found
+
+
+def opcode(instruction: str) -> str:
+    """The opcode without its modifiers or predicate: `@!P0 BRA 0x10` -> BRA."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
+
+
+def loops(ins: list[tuple[int, str]], min_size: int = 100) -> list[tuple[int, int, list[str]]]:
+    """(first address, last address, instructions) of each loop of a function: a backward branch
+    to an address of the function whose body holds no EXIT, at least min_size instructions."""
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    found = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"\bBRA (?:\S+, )?0x([0-9a-f]+)", text)
+        if not m or int(m.group(1), 16) > a or int(m.group(1), 16) not in at:
+            continue
+        body = [t for _, t in ins[at[int(m.group(1), 16)]: i + 1]]
+        if len(body) >= min_size and not any(opcode(t) == "EXIT" for t in body):
+            found.append((int(m.group(1), 16), a, body))
+    return found
+
+
+def print_loops(path: Path, min_size: int) -> None:
+    if path.suffix == ".sass":
+        listing = path.read_text()
+    else:
+        tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+        if tool is None:
+            raise SystemExit("no cuobjdump: set CUOBJDUMP (Triton's wheel carries one)")
+        listing = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    for name, ins in functions(listing).items():
+        print(f"{name} ({len(ins)} instructions)")
+        for first, last, body in loops(ins, min_size):
+            mix = Counter(opcode(t) for t in body).most_common(12)
+            print(f"  {first:#x}..{last:#x}: {len(body)}  " + " ".join(f"{k} {v}" for k, v in mix))
+
+
 def compare(a: Path, b: Path) -> int:
     same = loops = differ = 0
     for fa in sorted(a.glob("*.sass")):
@@ -91,5 +144,7 @@ if __name__ == "__main__":
         dump(Path(sys.argv[2]).resolve(), Path(sys.argv[3]).resolve())
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
+    elif len(sys.argv) in (3, 4) and sys.argv[1] == "loops":
+        print_loops(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) == 4 else 100)
     else:
         sys.exit(__doc__)

@@ -162,3 +162,37 @@ def test_build_fuzz_draws_specs_of_the_language():
                 refused += 1
     assert {"hopper", "mma_sync", "none"} <= seen
     assert refused < 150
+
+
+def test_sass_loops_are_backward_branches_without_an_exit():
+    """bench/sass.py loops: a backward branch is a loop of its function (body from the target to
+    the branch, the opcode mix without predicates and modifiers); one whose body passes an EXIT
+    (an mbarrier wait's retry stub after the exits, branching back into the code) is not, nor is
+    one shorter than the minimum."""
+    sass = load_script(REPO / "bench" / "sass.py", "attncc_bench_sass")
+    listing = "\n".join([
+        "\t\tFunction : _Z6kernelv",
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;      /* 0x0 */",
+        "        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2 ;",
+        "        /*0020*/              @!P0 BRA 0x90 ;",
+        "        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24 ;",
+        "        /*0040*/                   F2FP.BF16.F32.PACK_AB R3, R4, R5 ;",
+        "        /*0050*/                   F2FP.BF16.F32.PACK_AB R6, R7, R8 ;",
+        "        /*0060*/              @P1 BRA 0x10 ;",
+        "        /*0070*/                   EXIT ;",
+        "        /*0080*/                   BRA 0x80 ;",
+        "        /*0090*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2 ;",
+        "        /*00a0*/              @!P0 BRA 0x90 ;",
+        "        /*00b0*/                   BRA 0x30 ;",
+        "\t\tFunction : _Z5otherv",
+        "        /*0000*/                   NOP ;",
+        "        /*0010*/                   BRA 0x0 ;",
+    ])
+    functions = sass.functions(listing)
+    assert list(functions) == ["_Z6kernelv", "_Z5otherv"]
+    assert len(functions["_Z6kernelv"]) == 12
+    found = sass.loops(functions["_Z6kernelv"], min_size=2)
+    assert [(a, b, len(body)) for a, b, body in found] == [(0x10, 0x60, 6), (0x90, 0xa0, 2)]
+    assert [sass.opcode(t) for t in found[0][2]] == ["SYNCS", "BRA", "HGMMA", "F2FP", "F2FP", "BRA"]
+    assert sass.loops(functions["_Z6kernelv"], min_size=3) == found[:1]
+    assert sass.loops(functions["_Z5otherv"], min_size=2) == [(0, 0x10, ["NOP", "BRA 0x0"])]
