@@ -89,6 +89,9 @@ class Kernel:
         device it is one kernel (the spec's library, built on first use). Two entries with one
         slot store one of them or a mix of both.
         cache and slots are positional: a segment may be named `cache`, `slots` or `self`."""
+        fast = self._write_launcher(slots)
+        if fast is not None and fast(cache, slots, segments):  # an eager write on plain CUDA tensors
+            return
         num_slots = validate.write_arguments(self.spec, cache, slots, segments)
         if slots.device.type == "cpu" or devicecheck.synchronous():
             validate.slot_values(slots, num_slots)
@@ -104,6 +107,13 @@ class Kernel:
         written = storage.write(self.spec, cache, slots, values)
         if slots.device.type != "cpu" and slots.numel():
             self._flags.record((~written & (slots != -1)).any(), abi.FLAG_SLOT)
+
+    def _write_launcher(self, slots):
+        """write_cache's compiled launcher for this call (plain CUDA tensors, eager, no synchronous
+        checks), or None: the Python path."""
+        if self._op is None or not _direct_launch(slots) or devicecheck.synchronous():
+            return None
+        return self._op.fast_write()
 
     def check(self) -> None:
         """Raise (ValueError naming the argument) the first bad value a call on the device

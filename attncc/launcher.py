@@ -1,6 +1,7 @@
 """The compiled launcher of eager CUDA calls (csrc/launcher.cpp; DESIGN.md §3a): a small
 Python extension that takes a Kernel call's arguments, reads their metadata and enqueues the
-launch ops.prepare made of that signature, without running Python.
+launch ops.prepare made of that signature, without running Python; and the same for
+k.write_cache (ops.prepare_write).
 
 It is built once per attncc, torch and Python (its key) with the host's C++ compiler (`CXX`,
 else `c++`) against torch's headers, into the kernel cache beside the kernel libraries, or
@@ -126,6 +127,18 @@ def make(library: abi.Library, tensor_names: list[str], separate: bool, prepare,
     launch = ctypes.cast(library.dll.attncc_launch, ctypes.c_void_p).value
     return ext.Launcher(launch, list(tensor_names), separate, prepare, stream_of or _current_stream(),
                         library.fail)
+
+
+def make_write(library: abi.Library, tensor_names: list[str], separate: bool, segments: list[str], prepare,
+               stream_of=None):
+    """A WriteLauncher driving `library`'s write_cache, or None where the extension cannot be had
+    or is turned off, or the spec has more segments than the kernel takes (torch ops write it).
+    prepare(cache, slots, values) -> ops.PreparedWrite or None."""
+    if not enabled() or len(segments) > abi.MAX_SEGMENTS or (ext := module()) is None:
+        return None
+    write = ctypes.cast(library.dll.attncc_write_cache, ctypes.c_void_p).value
+    return ext.WriteLauncher(write, list(tensor_names), separate, list(segments), prepare,
+                             stream_of or _current_stream(), library.fail)
 
 
 def _current_stream():

@@ -164,33 +164,72 @@ def writes_on_device(spec: Spec, values: dict[str, torch.Tensor]) -> bool:
     return len(spec.segments) <= MAX_SEGMENTS and all(_value_dtype(t) is not None for t in values.values())
 
 
+class PreparedWrite(NamedTuple):
+    """write_cache's AttnccWriteArgs but its pointers and stream: a function of the call's
+    shapes, strides, dtypes and device alone, so the compiled launcher (launcher.cpp) remembers
+    it per signature."""
+    num_pages: int
+    page_stride: list[int]
+    token_stride: list[int]
+    head_stride: list[int]
+    slots_are_64bit: int
+    n: int
+    value_dtype: list[int]             # per segment in spec order
+    value_token_stride: list[int]
+    value_head_stride: list[int]
+    flags: int                         # the device's flag word, 0 for none
+
+
+def _write_fields(spec: Spec, plan: Plan, cache, slots, values: dict[str, torch.Tensor], flags) -> PreparedWrite:
+    """PreparedWrite of a call whose slots (int32 or int64, contiguous) and values (last dim
+    contiguous, a dtype the kernel reads) the kernel takes as they are."""
+    views = [_cache_view(spec, plan, i, t) for i, t in enumerate(cache_list(spec, cache))]
+    strides = [_strides(t, plan.layout.tensors[i].head_axis) for i, t in enumerate(views)]
+    ordered = [values[seg.name] for seg in spec.segments]
+    return PreparedWrite(
+        num_pages=views[0].shape[0], page_stride=[s[0] for s in strides], token_stride=[s[1] for s in strides],
+        head_stride=[s[2] for s in strides], slots_are_64bit=int(slots.dtype == torch.int64), n=slots.shape[0],
+        value_dtype=[_value_dtype(t) for t in ordered], value_token_stride=[t.stride(0) for t in ordered],
+        value_head_stride=[0 if seg.shared else t.stride(1) for seg, t in zip(spec.segments, ordered)],
+        flags=_ptr(flags) or 0)
+
+
+def _write_ready(slots: torch.Tensor, values: dict[str, torch.Tensor]) -> bool:
+    """Whether the kernel reads slots and values as they are (else pack_write copies them)."""
+    return slots.dtype in (torch.int32, torch.int64) and slots.is_contiguous() \
+        and all(t.stride(-1) == 1 for t in values.values())
+
+
+def prepare_write(spec: Spec, plan: Plan, flags: devicecheck.DeviceFlags, cache, slots, values) -> Optional[PreparedWrite]:
+    """The compiled launcher's preparation of a write_cache signature (launcher.cpp:
+    WriteLauncher): the arguments checked (validate.py's errors), then PreparedWrite, or None
+    for a call the Python path takes (values the kernel does not read, or copies needed)."""
+    validate.write_arguments(spec, cache, slots, values)
+    if not writes_on_device(spec, values) or not _write_ready(slots, values):
+        return None
+    return _write_fields(spec, plan, cache, slots, values, flags.word(slots.device))
+
+
 def pack_write(spec: Spec, plan: Plan, cache, slots, values: dict[str, torch.Tensor], flags):
     """write_cache's AttnccWriteArgs but its stream, and the tensors they point into (kept alive
     by the caller until the launch is enqueued). Arguments checked by the caller (validate.py),
     values as writes_on_device takes them: [n, copies, dim], or [n, dim] for a shared segment."""
-    views = [_cache_view(spec, plan, i, t) for i, t in enumerate(cache_list(spec, cache))]
     if slots.dtype not in (torch.int32, torch.int64):
         slots = slots.long()
     slots = slots.contiguous()
+    values = {name: t if t.stride(-1) == 1 else t.contiguous() for name, t in values.items()}
+    p = _write_fields(spec, plan, cache, slots, values, flags)
     args = AttnccWriteArgs()
-    for i, t in enumerate(views):
+    for i, t in enumerate(cache_list(spec, cache)):
         args.tensors[i] = t.data_ptr()
-        args.page_stride[i], args.token_stride[i], args.head_stride[i] = \
-            _strides(t, plan.layout.tensors[i].head_axis)
-    args.num_pages = views[0].shape[0]
-    args.slots, args.slots_are_64bit, args.n = slots.data_ptr(), int(slots.dtype == torch.int64), slots.shape[0]
-    keep = [slots]
+        args.page_stride[i], args.token_stride[i], args.head_stride[i] = p.page_stride[i], p.token_stride[i], p.head_stride[i]
+    args.num_pages, args.slots, args.slots_are_64bit, args.n = p.num_pages, slots.data_ptr(), p.slots_are_64bit, p.n
     for i, seg in enumerate(spec.segments):
-        t = values[seg.name]
-        if t.stride(-1) != 1:
-            t = t.contiguous()
-        keep.append(t)
-        args.values[i] = t.data_ptr()
-        args.value_dtype[i] = _value_dtype(t)
-        args.value_token_stride[i] = t.stride(0)
-        args.value_head_stride[i] = 0 if seg.shared else t.stride(1)
-    args.flags = _ptr(flags)
-    return args, keep
+        args.values[i] = values[seg.name].data_ptr()
+        args.value_dtype[i], args.value_token_stride[i], args.value_head_stride[i] = \
+            p.value_dtype[i], p.value_token_stride[i], p.value_head_stride[i]
+    args.flags = p.flags or None
+    return args, [slots, *values.values()]
 
 
 def cuda_write_cache(spec: Spec, plan: Plan, library: Library, cache, slots, values: dict[str, torch.Tensor],
@@ -303,6 +342,17 @@ def op_for(spec: Spec, plan: Plan, tag: str = ""):
     # write_cache's kernel (Kernel.write_cache, where ops.writes_on_device takes the values)
     attention.write_cache = lambda cache, slots, values: cuda_write_cache(spec, plan, library(), cache, slots, values,
                                                                           flags.word(slots.device))
+    write_launchers = []
+
+    def fast_write():
+        """write_cache's compiled launcher (launcher.py), made on first use; None where there is none."""
+        if not write_launchers:
+            write_launchers.append(launcher.make_write(library(), [t.name for t in plan.layout.tensors], spec.separate,
+                                                       [s.name for s in spec.segments],
+                                                       partial(prepare_write, spec, plan, flags)))
+        return write_launchers[0]
+
+    attention.fast_write = fast_write
     _OPS[qualname] = attention
     return attention
 

@@ -5,8 +5,9 @@
 
 For each spec and token count: GPU time of one call (CUDA-graph replay, median; L2 flushed
 before each), the bytes it moves (values read + records written) per second, and the host's
-cost of an eager call (median, GPU idle before each). Both paths are checked to store the same
-bytes first."""
+cost of an eager call (median, GPU idle before each): k.write_cache (the compiled launcher,
+csrc/launcher.cpp), the same kernel by the Python path (the checks and the ctypes call), and the
+torch ops. The kernel and the torch ops are checked to store the same bytes first."""
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import attncc  # noqa: E402
-from attncc import bench, storage  # noqa: E402
+from attncc import bench, storage, validate  # noqa: E402
 
 
 def run(path: str, n: int, iters: int) -> str:
@@ -38,6 +39,10 @@ def run(path: str, n: int, iters: int) -> str:
     def kernel():
         k.write_cache(cache_kernel, slots, **values)
 
+    def python_path():  # the eager call without the compiled launcher: checks, then the ctypes call
+        validate.write_arguments(spec, cache_kernel, slots, values)
+        k.op.write_cache(cache_kernel, slots, values)
+
     def torch_ops():
         storage.write(spec, cache_torch, slots, {name: v if not spec.segment(name).shared else v[:, None]
                                                  for name, v in values.items()})
@@ -50,7 +55,7 @@ def run(path: str, n: int, iters: int) -> str:
     scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # written before each: L2 flushed
     moved = n * (spec.record_bytes + sum(v[0].numel() * v.element_size() for v in values.values()))
     cells = []
-    for name, call in (("kernel", kernel), ("torch ops", torch_ops)):
+    for name, call in (("kernel", kernel), ("kernel, Python path", python_path), ("torch ops", torch_ops)):
         graph = bench.graph_of(call)
         gpu = bench._median_seconds(graph.replay, lambda: scratch.fill_(1), iters)
         host = bench.host_seconds(call, iters=20)

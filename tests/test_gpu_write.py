@@ -177,6 +177,42 @@ def _written(n: int, dtype, seed: int):
     return k, cache, slots, values
 
 
+@pytest.mark.parametrize("name", ["mla", "mla_fp8_sparse", "gla_fp8_e5m2", "fp8_separate_e5m2", "gqa8_separate"])
+def test_the_compiled_write_launcher_stores_what_the_python_path_stores(name):
+    """Eager writes go through the compiled launcher (csrc/launcher.cpp: WriteLauncher); it must
+    be there on the device and store, byte for byte, what the Python path (ops.cuda_write_cache)
+    stores for the same call: int32 and int64 slots, values of each dtype, a slot of -1; slots
+    the kernel does not read as they are (int16) take the Python path, still the contract's bytes."""
+    k = compiled(name)
+    spec = k.spec
+    fast = k.op.fast_write()
+    assert fast is not None, "no compiled write launcher on the device"
+    n = 21
+    pages = max(5, -(-2 * n // spec.page_size))
+    for i, (slot_dtype, dtype) in enumerate(((torch.int32, torch.bfloat16), (torch.int64, torch.float32),
+                                             (torch.int64, torch.float16), (torch.int16, torch.bfloat16))):
+        fast_cache, python_cache = k.new_cache(pages), k.new_cache(pages)
+        testing.fill_nan(fast_cache)
+        testing.fill_nan(python_cache)
+        gen = torch.Generator().manual_seed(30 + i)
+        slots = torch.randperm(pages * spec.page_size, generator=gen)[:n]
+        slots[3] = -1
+        slots = slots.to("cuda", slot_dtype)
+        values = {s: v.cuda() for s, v in _values(spec, n, dtype, seed=40 + i).items()}
+        with no_host_sync():
+            k.write_cache(fast_cache, slots, **values)
+        k.op.write_cache(python_cache, slots, values)
+        base = k.new_cache(pages)
+        testing.fill_nan(base)
+        want = testing.written_as_contract(spec, base, slots, values)
+        got, python = _bytes(fast_cache), _bytes(python_cache)
+        for tensor in got:
+            assert torch.equal(got[tensor], python[tensor]), (tensor, slot_dtype, dtype)
+            assert torch.equal(got[tensor], want[tensor].view(torch.uint8)), (tensor, slot_dtype, dtype)
+    assert fast.signatures() == 4  # three enqueued by it, the int16 slots remembered as the Python path's
+    k.check()
+
+
 def test_a_write_is_one_kernel():
     k, cache, slots, values = _written(16, torch.bfloat16, seed=6)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

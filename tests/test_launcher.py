@@ -32,9 +32,13 @@ int attncc_args_size(void) { return (int)sizeof(AttnccArgs); }
 int attncc_ctas_per_sm(void) { return 2; }
 int attncc_launch(const AttnccArgs* a) { last = *a; ++calls; return status; }
 int attncc_write_args_size(void) { return (int)sizeof(AttnccWriteArgs); }
-int attncc_write_cache(const AttnccWriteArgs* a) { return status; }
+static AttnccWriteArgs last_write;
+static int writes;
+int attncc_write_cache(const AttnccWriteArgs* a) { last_write = *a; ++writes; return status; }
 const AttnccArgs* stub_last(void) { return &last; }
 int stub_calls(void) { return calls; }
+const AttnccWriteArgs* stub_last_write(void) { return &last_write; }
+int stub_writes(void) { return writes; }
 void stub_fail_with(int s) { status = s; }
 """
 
@@ -56,6 +60,7 @@ def stub(tmp_path_factory):
                     str(directory / "kernel.so"), str(directory / "stub.c")], check=True)
     library = abi.Library(directory / "kernel.so")
     library.dll.stub_last.restype = ctypes.POINTER(abi.AttnccArgs)
+    library.dll.stub_last_write.restype = ctypes.POINTER(abi.AttnccWriteArgs)
     return library
 
 
@@ -311,3 +316,147 @@ def test_where_the_launcher_cannot_be_built_one_warning_says_so(tmp_path, monkey
         assert launcher.module() is None  # remembered: no second build, no second warning
     finally:
         launcher.module.cache_clear()
+
+
+# --- write_cache (WriteLauncher) ---------------------------------------------------------------
+
+WRITE_FIELDS = [name for name, _ in abi.AttnccWriteArgs._fields_]
+WRITE_ARRAYS = {"tensors", "page_stride", "token_stride", "head_stride", "values", "value_dtype",
+                "value_token_stride", "value_head_stride"}
+
+
+def make_write(ext, stub, k, flags=None):
+    flags = flags or devicecheck.DeviceFlags()
+    prepare = Counting(partial(ops.prepare_write, k.spec, k.plan, flags))
+    fast = ext.WriteLauncher(ctypes.cast(stub.dll.attncc_write_cache, ctypes.c_void_p).value,
+                             [t.name for t in k.plan.layout.tensors], k.spec.separate,
+                             [s.name for s in k.spec.segments], prepare, lambda index: 0x5252, stub.fail)
+    return fast, prepare, flags
+
+
+def write_record(args: abi.AttnccWriteArgs) -> dict:
+    return {name: (list(getattr(args, name)) if name in WRITE_ARRAYS else getattr(args, name)) for name in WRITE_FIELDS}
+
+
+def write_values(k, n, dtype=torch.bfloat16, seed=0, spread=False):
+    """Random values of every segment, [n, copies, dim] ([n, dim] shared); spread: each a view of
+    every other row of a larger tensor (a token stride of two rows, the last dim contiguous)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for seg in k.spec.segments:
+        shape = (n, seg.dim) if seg.shared else (n, k.spec.heads_kv, seg.dim)
+        t = torch.randn((2 * n, *shape[1:]) if spread else shape, generator=g).to(dtype)
+        out[seg.name] = t[::2] if spread else t
+    return out
+
+
+WRITE_CASES = [  # (spec, tokens, slot dtype, value dtype, values spread, cache view)
+    (MLA_SMALL, 5, torch.int64, torch.bfloat16, False, None),
+    (MLA_SMALL, 3, torch.int32, torch.float32, True, flashmla_view),
+    (MLA_SMALL, 4, torch.int64, torch.float16, False, wide_rows),
+    (GQA_SMALL, 7, torch.int32, torch.float16, True, None),
+    (SPARSE_SMALL, 6, torch.int64, torch.bfloat16, False, None),
+    (SEPARATE_SMALL, 5, torch.int32, torch.float32, False, None),
+    (SEPARATE_SMALL, 2, torch.int64, torch.bfloat16, True, None),
+]
+
+
+@pytest.mark.parametrize("source,n,slot_dtype,value_dtype,spread,view", WRITE_CASES)
+def test_the_write_launcher_packs_what_the_python_path_packs(ext, stub, source, n, slot_dtype, value_dtype,
+                                                             spread, view):
+    """k.write_cache through WriteLauncher: the library gets, field for field (pointers and the
+    flag word included), the AttnccWriteArgs ops.pack_write packs for the same call, for packed
+    and separate caches, shared segments, fp8 records, cache views, int32 and int64 slots and
+    values of each dtype the kernel reads, contiguous or a row apart."""
+    k = attncc.compile(source)
+    cache = k.new_cache(4, device="cpu")
+    cache = view(cache) if view else cache
+    slots = torch.tensor([1, 14, -1, 6, 9, 2, 15][:n], dtype=slot_dtype)
+    values = write_values(k, n, value_dtype, seed=n, spread=spread)
+    fast, prepare, flags = make_write(ext, stub, k)
+    before = stub.dll.stub_writes()
+    assert fast(cache, slots, values) is True
+    assert stub.dll.stub_writes() == before + 1 and prepare.calls == 1
+    got = write_record(stub.dll.stub_last_write().contents)
+    want_args, _ = ops.pack_write(k.spec, k.plan, cache, slots, values, flags.word(slots.device))
+    want = write_record(want_args)
+    assert got.pop("stream") == 0x5252 and want.pop("stream") is None
+    assert got == want
+    assert got["flags"] == flags.word(slots.device).data_ptr() and got["slots"] == slots.data_ptr()
+    assert got["values"][:len(values)] == [values[s.name].data_ptr() for s in k.spec.segments]
+
+
+def test_a_write_signature_is_prepared_once_and_again_when_a_shape_changes(ext, stub):
+    k = attncc.compile(SEPARATE_SMALL)
+    fast, prepare, _ = make_write(ext, stub, k)
+    cache = k.new_cache(4, device="cpu")
+    slots = torch.tensor([3, 7, 0], dtype=torch.int32)
+    fast(cache, slots, write_values(k, 3))
+    fast({name: t.clone() for name, t in cache.items()}, slots.flip(0).contiguous(), write_values(k, 3, seed=9))
+    fast(cache, slots, dict(reversed(list(write_values(k, 3).items()))))  # keyword order is not the signature
+    assert prepare.calls == 1 and fast.signatures() == 1
+    fast(cache, slots[:2], write_values(k, 2))  # another token count
+    fast(cache, slots.long(), write_values(k, 3))  # 64-bit slots
+    fast(cache, slots, write_values(k, 3, torch.float32))  # fp32 values
+    assert prepare.calls == 4 and fast.signatures() == 4
+    fast.forget()
+    fast(cache, slots, write_values(k, 3))
+    assert prepare.calls == 5
+
+
+def test_bad_write_arguments_are_the_python_paths_or_raise_validates_errors(ext, stub):
+    """An argument that cannot be signed (not a tensor, a segment missing or unknown) is left to
+    the Python path, which raises validate.py's error; one that can raises it from prepare and
+    is not remembered."""
+    k = attncc.compile(SEPARATE_SMALL)
+    fast, prepare, _ = make_write(ext, stub, k)
+    cache = k.new_cache(4, device="cpu")
+    slots = torch.tensor([3, 7], dtype=torch.int64)
+    values = write_values(k, 2)
+    before = stub.dll.stub_writes()
+    assert fast(cache, slots.tolist(), values) is False
+    assert fast(cache, slots, {"latent": values["latent"]}) is False
+    assert fast(cache, slots, {**values, "extra": values["rope"]}) is False
+    assert fast({"latent": cache["latent"]}, slots, values) is False
+    assert prepare.calls == 0
+    with pytest.raises(TypeError, match=r"^slots: expected a 1-D integer tensor"):
+        fast(cache, slots.float(), values)
+    with pytest.raises(ValueError, match=r"^rope: expected shape"):
+        fast(cache, slots, {**values, "rope": values["rope"][:1]})
+    assert fast.signatures() == 0 and stub.dll.stub_writes() == before
+
+
+def test_writes_that_need_copies_or_torch_ops_are_left_to_the_python_path(ext, stub):
+    """Slots the kernel does not read as they are (int16, strided), values whose last dim is not
+    contiguous, values of a dtype the kernel does not read (torch ops write them): remembered as
+    the Python path's, nothing enqueued."""
+    k = attncc.compile(MLA_SMALL)
+    fast, _, _ = make_write(ext, stub, k)
+    cache = k.new_cache(4, device="cpu")
+    slots = torch.tensor([3, 7, 1], dtype=torch.int64)
+    values = write_values(k, 3)
+    before = stub.dll.stub_writes()
+    assert fast(cache, slots.to(torch.int16), values) is False
+    assert fast(cache, torch.stack([slots, slots], 1)[:, 0], values) is False
+    every_other = torch.cat([values["latent"], values["latent"]], -1)[..., ::2]  # a last-dim stride of 2
+    assert fast(cache, slots, {**values, "latent": every_other}) is False
+    assert fast(cache, slots, {name: t.double() for name, t in values.items()}) is False
+    assert stub.dll.stub_writes() == before and fast.signatures() == 4
+
+
+def test_a_failed_write_raises_its_cuda_error(ext, stub):
+    k = attncc.compile(MLA_SMALL)
+    fast, _, _ = make_write(ext, stub, k)
+    stub.dll.stub_fail_with(2)
+    try:
+        with pytest.raises(RuntimeError, match=r"^attncc kernel launch failed: CUDA error 2 "):
+            fast(k.new_cache(4, device="cpu"), torch.tensor([3]), write_values(k, 1))
+    finally:
+        stub.dll.stub_fail_with(0)
+
+
+def test_without_the_launcher_writes_take_the_python_path(monkeypatch):
+    monkeypatch.setenv("ATTNCC_LAUNCHER", "0")
+    assert launcher.make_write(None, ["cache"], False, ["latent"], None) is None
+    monkeypatch.delenv("ATTNCC_LAUNCHER")
+    assert launcher.make_write(None, ["cache"], False, [f"s{i}" for i in range(abi.MAX_SEGMENTS + 1)], None) is None

@@ -8,8 +8,9 @@
 // and the workspace. A signature not seen before goes to Python (`prepare`), which validates
 // the call (raising validate.py's named error) and prepares it, or answers None for a call the
 // Python path takes (one that needs copies). So every rule lives once, in Python: this file
-// remembers the answers and fills in the pointers. Built once per attncc, torch and Python by
-// attncc/launcher.py; holds the GIL throughout.
+// remembers the answers and fills in the pointers. A WriteLauncher does the same for
+// k.write_cache (the library's attncc_write_cache, ops.prepare_write). Built once per attncc,
+// torch and Python by attncc/launcher.py; holds the GIL throughout.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -60,10 +61,59 @@ int64_t elements(const std::vector<int64_t>& shape) {
 
 std::vector<int64_t> shape_of(py::handle shape) { return shape.cast<std::vector<int64_t>>(); }
 
-template <size_t N>
-void fill(int (&field)[N], py::handle values) {
+template <class T, size_t N>
+void fill(T (&field)[N], py::handle values) {
   const auto v = values.cast<std::vector<int64_t>>();
-  for (size_t i = 0; i < v.size() && i < N; ++i) field[i] = static_cast<int>(v[i]);
+  for (size_t i = 0; i < v.size() && i < N; ++i) field[i] = static_cast<T>(v[i]);
+}
+
+// An argument's words of the signature; false when it is neither None nor a tensor with storage.
+bool sign(Signature& sig, py::handle h, at::Tensor* t) {
+  if (h.is_none()) {
+    sig.push_back(kNone);
+    return true;
+  }
+  if (!THPVariable_Check(h.ptr())) return false;
+  *t = THPVariable_Unpack(h.ptr());
+  if (!t->has_storage()) return false;
+  sig.push_back(static_cast<int64_t>(t->scalar_type()));
+  sig.push_back(static_cast<int64_t>(t->device().type()) * 65536 + t->device().index());
+  sig.push_back(t->dim());
+  for (int64_t s : t->sizes()) sig.push_back(s);
+  for (int64_t s : t->strides()) sig.push_back(s);
+  sig.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data_ptr()) & 15));
+  sig.push_back((t->storage_offset() * static_cast<int64_t>(t->element_size())) & 15);
+  return true;
+}
+
+// A dict with exactly the given names, each a tensor (in the names' order): the words of each.
+bool sign_dict(Signature& sig, py::handle dict, const std::vector<std::string>& names, at::Tensor* tensors) {
+  if (!PyDict_Check(dict.ptr()) || PyDict_Size(dict.ptr()) != static_cast<Py_ssize_t>(names.size())) return false;
+  for (size_t i = 0; i < names.size(); ++i) {
+    PyObject* item = PyDict_GetItemString(dict.ptr(), names[i].c_str());  // borrowed
+    if (item == nullptr || !sign(sig, py::handle(item), tensors + i) || !tensors[i].defined()) return false;
+  }
+  return true;
+}
+
+// A packed cache is one tensor, a separate one a dict with exactly the plan's names.
+bool sign_cache(Signature& sig, py::handle cache, const std::vector<std::string>& names, bool separate, at::Tensor* tensors) {
+  sig.push_back(separate ? 1 : 0);
+  if (!separate) return !cache.is_none() && sign(sig, cache, tensors);
+  return sign_dict(sig, cache, names, tensors);
+}
+
+// Whether a tensor is on a CUDA device other than the current one (the Python path switches).
+bool elsewhere(const at::Tensor& t) {
+  const c10::Device device = t.device();
+  return device.is_cuda() && c10::impl::getDeviceGuardImpl(device.type())->getDevice() != device;
+}
+
+// The cache's tensors of a separate spec: plan order; at most ATTNCC_MAX_TENSORS, a packed one 1.
+void check_names(const std::vector<std::string>& names, bool separate) {
+  if (names.empty() || names.size() > ATTNCC_MAX_TENSORS || (!separate && names.size() != 1))
+    throw std::invalid_argument("attncc launcher: a packed cache is one tensor, a separate one 1.." +
+                                std::to_string(ATTNCC_MAX_TENSORS));
 }
 
 class Launcher {
@@ -76,9 +126,7 @@ class Launcher {
            py::object stream_of, py::object fail)
       : launch_(reinterpret_cast<LaunchFn>(launch)), names_(std::move(tensors)), separate_(separate),
         prepare_(std::move(prepare)), stream_of_(std::move(stream_of)), fail_(std::move(fail)) {
-    if (names_.empty() || names_.size() > ATTNCC_MAX_TENSORS || (!separate_ && names_.size() != 1))
-      throw std::invalid_argument("attncc launcher: a packed cache is one tensor, a separate one 1.." +
-                                  std::to_string(ATTNCC_MAX_TENSORS));
+    check_names(names_, separate_);
   }
 
   // (out, lse), or None when the call is the Python path's.
@@ -89,7 +137,7 @@ class Launcher {
     sig.reserve(64);
     sig.push_back(num_splits);
     at::Tensor tq, tcache[ATTNCC_MAX_TENSORS], tbt, tlens, tidx, tout, tlse;
-    bool ok = !q.is_none() && sign(sig, q, &tq) && sign_cache(sig, cache, tcache) && sign(sig, block_table, &tbt) &&
+    bool ok = !q.is_none() && sign(sig, q, &tq) && sign_cache(sig, cache, names_, separate_, tcache) && sign(sig, block_table, &tbt) &&
               sign(sig, seqlens, &tlens) && sign(sig, indices, &tidx) && sign(sig, out, &tout) && sign(sig, lse, &tlse);
     if (!ok) {  // not tensors where tensors go: prepare raises the argument's error
       prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse);
@@ -105,8 +153,7 @@ class Launcher {
     const Entry& e = *held;
     if (!e.fast) return py::none();
     const c10::Device device = tq.device();
-    if (device.is_cuda() && c10::impl::getDeviceGuardImpl(device.type())->getDevice() != device)
-      return py::none();  // q is not on the current device: the Python path switches to it
+    if (elsewhere(tq)) return py::none();  // q is not on the current device: the Python path switches to it
 
     if (!tout.defined()) tout = at::empty(e.out_shape, tq.options());
     if (!tlse.defined()) tlse = at::empty(e.lse_shape, tq.options().dtype(at::kFloat));
@@ -137,41 +184,6 @@ class Launcher {
   void forget() { entries_.clear(); }
 
  private:
-  // An argument's words of the signature; false when it is neither None nor a tensor with storage.
-  static bool sign(Signature& sig, py::handle h, at::Tensor* t) {
-    if (h.is_none()) {
-      sig.push_back(kNone);
-      return true;
-    }
-    if (!THPVariable_Check(h.ptr())) return false;
-    *t = THPVariable_Unpack(h.ptr());
-    if (!t->has_storage()) return false;
-    sig.push_back(static_cast<int64_t>(t->scalar_type()));
-    sig.push_back(static_cast<int64_t>(t->device().type()) * 65536 + t->device().index());
-    sig.push_back(t->dim());
-    for (int64_t s : t->sizes()) sig.push_back(s);
-    for (int64_t s : t->strides()) sig.push_back(s);
-    sig.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data_ptr()) & 15));
-    sig.push_back((t->storage_offset() * static_cast<int64_t>(t->element_size())) & 15);
-    return true;
-  }
-
-  // A packed cache is one tensor, a separate one a dict with exactly the plan's names.
-  bool sign_cache(Signature& sig, py::handle cache, at::Tensor* tensors) const {
-    if (!separate_) {
-      sig.push_back(0);
-      return !cache.is_none() && sign(sig, cache, tensors);
-    }
-    if (!PyDict_Check(cache.ptr()) || PyDict_Size(cache.ptr()) != static_cast<Py_ssize_t>(names_.size()))
-      return false;
-    sig.push_back(1);
-    for (size_t i = 0; i < names_.size(); ++i) {
-      PyObject* item = PyDict_GetItemString(cache.ptr(), names_[i].c_str());  // borrowed
-      if (item == nullptr || !sign(sig, py::handle(item), tensors + i) || !tensors[i].defined()) return false;
-    }
-    return true;
-  }
-
   std::shared_ptr<const Entry> make_entry(py::handle p) const {
     auto made = std::make_shared<Entry>();
     Entry& e = *made;
@@ -206,6 +218,85 @@ class Launcher {
   std::unordered_map<Signature, std::shared_ptr<const Entry>, SignatureHash> entries_;
 };
 
+using WriteFn = int (*)(const AttnccWriteArgs*);
+
+// What ops.prepare_write made of one write_cache signature.
+struct WriteEntry {
+  bool fast = false;       // false: the Python path takes these calls
+  AttnccWriteArgs args{};  // everything but the pointers to the cache, slots and values, and the stream
+};
+
+class WriteLauncher {
+ public:
+  // write: the library's attncc_write_cache; tensors, separate: the cache's, as Launcher's;
+  // segments: the spec's segment names in spec order (write_cache's keyword arguments);
+  // prepare(cache, slots, values) -> ops.PreparedWrite or None; stream_of, fail: as Launcher's.
+  WriteLauncher(uintptr_t write, std::vector<std::string> tensors, bool separate, std::vector<std::string> segments,
+                py::object prepare, py::object stream_of, py::object fail)
+      : write_(reinterpret_cast<WriteFn>(write)), names_(std::move(tensors)), separate_(separate),
+        segments_(std::move(segments)), prepare_(std::move(prepare)), stream_of_(std::move(stream_of)), fail_(std::move(fail)) {
+    check_names(names_, separate_);
+    if (segments_.empty() || segments_.size() > ATTNCC_MAX_SEGMENTS)
+      throw std::invalid_argument("attncc launcher: write_cache writes 1.." + std::to_string(ATTNCC_MAX_SEGMENTS) + " segments");
+  }
+
+  // Whether the write was enqueued; false: the Python path takes the call (it raises a bad
+  // argument's error, or copies what the kernel cannot read as it is).
+  bool call(py::handle cache, py::handle slots, py::handle values) {
+    Signature sig;
+    sig.reserve(64);
+    at::Tensor tcache[ATTNCC_MAX_TENSORS], tslots, tvalues[ATTNCC_MAX_SEGMENTS];
+    if (slots.is_none() || !sign_cache(sig, cache, names_, separate_, tcache) || !sign(sig, slots, &tslots) ||
+        !sign_dict(sig, values, segments_, tvalues))
+      return false;
+    auto found = entries_.find(sig);
+    if (found == entries_.end()) {
+      auto entry = make_entry(prepare_(cache, slots, values));
+      if (entries_.size() >= kMaxSignatures) entries_.clear();
+      found = entries_.insert_or_assign(std::move(sig), std::move(entry)).first;
+    }
+    const std::shared_ptr<const WriteEntry> held = found->second;  // Python below may change the map
+    if (!held->fast || elsewhere(tslots)) return false;
+    AttnccWriteArgs a = held->args;
+    for (size_t i = 0; i < names_.size(); ++i) a.tensors[i] = tcache[i].data_ptr();
+    a.slots = tslots.data_ptr();
+    for (size_t i = 0; i < segments_.size(); ++i) a.values[i] = tvalues[i].data_ptr();
+    a.stream = reinterpret_cast<void*>(stream_of_(tslots.device().index()).cast<uintptr_t>());
+    const int status = write_(&a);
+    if (status != 0) fail_(status);  // raises
+    return true;
+  }
+
+  size_t signatures() const { return entries_.size(); }
+  void forget() { entries_.clear(); }
+
+ private:
+  std::shared_ptr<const WriteEntry> make_entry(py::handle p) const {
+    auto made = std::make_shared<WriteEntry>();
+    if (p.is_none()) return made;
+    made->fast = true;
+    AttnccWriteArgs& a = made->args;
+    a.num_pages = p.attr("num_pages").cast<int>();
+    fill(a.page_stride, p.attr("page_stride"));
+    fill(a.token_stride, p.attr("token_stride"));
+    fill(a.head_stride, p.attr("head_stride"));
+    a.slots_are_64bit = p.attr("slots_are_64bit").cast<int>();
+    a.n = p.attr("n").cast<int>();
+    fill(a.value_dtype, p.attr("value_dtype"));
+    fill(a.value_token_stride, p.attr("value_token_stride"));
+    fill(a.value_head_stride, p.attr("value_head_stride"));
+    a.flags = reinterpret_cast<int*>(p.attr("flags").cast<uintptr_t>());
+    return made;
+  }
+
+  WriteFn write_;
+  std::vector<std::string> names_;
+  bool separate_;
+  std::vector<std::string> segments_;
+  py::object prepare_, stream_of_, fail_;
+  std::unordered_map<Signature, std::shared_ptr<const WriteEntry>, SignatureHash> entries_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(attncc_launcher, m) {
@@ -223,4 +314,11 @@ PYBIND11_MODULE(attncc_launcher, m) {
            py::arg("out"), py::arg("lse"))
       .def("signatures", &Launcher::signatures, "signatures remembered")
       .def("forget", &Launcher::forget, "forget every signature (the next calls prepare again)");
+  py::class_<WriteLauncher>(m, "WriteLauncher")
+      .def(py::init<uintptr_t, std::vector<std::string>, bool, std::vector<std::string>, py::object, py::object, py::object>(),
+           py::arg("write"), py::arg("tensors"), py::arg("separate"), py::arg("segments"), py::arg("prepare"),
+           py::arg("stream_of"), py::arg("fail"))
+      .def("__call__", &WriteLauncher::call, py::arg("cache"), py::arg("slots"), py::arg("values"))
+      .def("signatures", &WriteLauncher::signatures, "signatures remembered")
+      .def("forget", &WriteLauncher::forget, "forget every signature (the next calls prepare again)");
 }
