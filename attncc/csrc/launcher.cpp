@@ -67,6 +67,16 @@ void fill(T (&field)[N], py::handle values) {
   for (size_t i = 0; i < v.size() && i < N; ++i) field[i] = static_cast<T>(v[i]);
 }
 
+// The cache's fields of AttnccArgs or AttnccWriteArgs from a preparation's (ops.Prepared,
+// ops.PreparedWrite): its page count and each tensor's strides.
+template <class Args>
+void fill_cache(Args& a, py::handle p) {
+  a.num_pages = p.attr("num_pages").cast<int>();
+  fill(a.page_stride, p.attr("page_stride"));
+  fill(a.token_stride, p.attr("token_stride"));
+  fill(a.head_stride, p.attr("head_stride"));
+}
+
 // An argument's words of the signature; false when it is neither None nor a tensor with storage.
 bool sign(Signature& sig, py::handle h, at::Tensor* t) {
   if (h.is_none()) {
@@ -194,10 +204,7 @@ class Launcher {
     a.s_q = p.attr("s_q").cast<int>();
     a.num_splits = p.attr("num_splits").cast<int>();
     a.num_parts = p.attr("num_parts").cast<int>();
-    a.num_pages = p.attr("num_pages").cast<int>();
-    fill(a.page_stride, p.attr("page_stride"));
-    fill(a.token_stride, p.attr("token_stride"));
-    fill(a.head_stride, p.attr("head_stride"));
+    fill_cache(a, p);
     a.block_table_stride = p.attr("block_table_stride").cast<int>();
     a.block_table_cols = p.attr("block_table_cols").cast<int>();
     a.flags = reinterpret_cast<int*>(p.attr("flags").cast<uintptr_t>());
@@ -276,10 +283,7 @@ class WriteLauncher {
     if (p.is_none()) return made;
     made->fast = true;
     AttnccWriteArgs& a = made->args;
-    a.num_pages = p.attr("num_pages").cast<int>();
-    fill(a.page_stride, p.attr("page_stride"));
-    fill(a.token_stride, p.attr("token_stride"));
-    fill(a.head_stride, p.attr("head_stride"));
+    fill_cache(a, p);
     a.slots_are_64bit = p.attr("slots_are_64bit").cast<int>();
     a.n = p.attr("n").cast<int>();
     fill(a.value_dtype, p.attr("value_dtype"));
