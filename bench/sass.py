@@ -56,13 +56,11 @@ def dump(repo: Path, out: Path) -> None:
 
 
 def kernels(path: Path) -> dict[str, list[str]]:
-    found, current = {}, None
-    for line in path.read_text().splitlines():
-        if m := re.search(r"Function : (\S+)", line):
-            n = m.group(1)
-            current = found.setdefault("combine" if "combine" in n else "parts" if "parts" in n else "decode", [])
-        elif current is not None and re.match(r"\s+/\*[0-9a-f]{4,}\*/", line):
-            current.append(re.sub(r"\s+", " ", line.split(";")[0].split("*/", 1)[1].strip()))
+    """A listing's instructions by kind of kernel (decode, parts, combine), whitespace collapsed."""
+    found = {}
+    for name, ins in functions(path.read_text()).items():
+        kind = "combine" if "combine" in name else "parts" if "parts" in name else "decode"
+        found.setdefault(kind, []).extend(re.sub(r"\s+", " ", text) for _, text in ins)
     return found
 
 
