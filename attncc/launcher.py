@@ -132,9 +132,9 @@ def make(library: abi.Library, tensor_names: list[str], separate: bool, prepare,
 def make_write(library: abi.Library, tensor_names: list[str], separate: bool, segments: list[str], prepare,
                stream_of=None):
     """A WriteLauncher driving `library`'s write_cache, or None where the extension cannot be had
-    or is turned off, or the spec has more segments than the kernel takes (torch ops write it).
+    or is turned off. The caller asks it only for records the kernel takes (ops.kernel_writes).
     prepare(cache, slots, values) -> ops.PreparedWrite or None."""
-    if not enabled() or len(segments) > abi.MAX_SEGMENTS or (ext := module()) is None:
+    if not enabled() or (ext := module()) is None:
         return None
     write = ctypes.cast(library.dll.attncc_write_cache, ctypes.c_void_p).value
     return ext.WriteLauncher(write, list(tensor_names), separate, list(segments), prepare,

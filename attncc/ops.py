@@ -158,10 +158,17 @@ def _value_dtype(t: torch.Tensor) -> Optional[int]:
     return VALUE_DTYPES.get(str(t.dtype).removeprefix("torch."))
 
 
+def kernel_writes(spec: Spec) -> bool:
+    """Whether write_cache's kernel takes the spec's records: at most MAX_SEGMENTS segments (abi.h;
+    more are written by torch ops). The one place of that rule: the Python path and the compiled
+    launcher both ask it."""
+    return len(spec.segments) <= MAX_SEGMENTS
+
+
 def writes_on_device(spec: Spec, values: dict[str, torch.Tensor]) -> bool:
-    """Whether write_cache's kernel takes these values: at most MAX_SEGMENTS segments (abi.h), each
-    in fp32, bf16 or fp16 (another dtype is written by torch ops, which round it as the contract does)."""
-    return len(spec.segments) <= MAX_SEGMENTS and all(_value_dtype(t) is not None for t in values.values())
+    """Whether write_cache's kernel takes these values: kernel_writes(spec), each value in fp32,
+    bf16 or fp16 (another dtype is written by torch ops, which round it as the contract does)."""
+    return kernel_writes(spec) and all(_value_dtype(t) is not None for t in values.values())
 
 
 class PreparedWrite(NamedTuple):
@@ -345,11 +352,13 @@ def op_for(spec: Spec, plan: Plan, tag: str = ""):
     write_launchers = []
 
     def fast_write():
-        """write_cache's compiled launcher (launcher.py), made on first use; None where there is none."""
+        """write_cache's compiled launcher (launcher.py), made on first use; None where there is none
+        (no extension, or records the kernel does not take)."""
         if not write_launchers:
             write_launchers.append(launcher.make_write(library(), [t.name for t in plan.layout.tensors], spec.separate,
                                                        [s.name for s in spec.segments],
-                                                       partial(prepare_write, spec, plan, flags)))
+                                                       partial(prepare_write, spec, plan, flags))
+                                   if kernel_writes(spec) else None)
         return write_launchers[0]
 
     attention.fast_write = fast_write

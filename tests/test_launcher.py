@@ -458,5 +458,27 @@ def test_a_failed_write_raises_its_cuda_error(ext, stub):
 def test_without_the_launcher_writes_take_the_python_path(monkeypatch):
     monkeypatch.setenv("ATTNCC_LAUNCHER", "0")
     assert launcher.make_write(None, ["cache"], False, ["latent"], None) is None
-    monkeypatch.delenv("ATTNCC_LAUNCHER")
-    assert launcher.make_write(None, ["cache"], False, [f"s{i}" for i in range(abi.MAX_SEGMENTS + 1)], None) is None
+
+
+def test_records_the_write_kernel_does_not_take_get_no_write_launcher(monkeypatch):
+    """More segments than abi.h's ATTNCC_MAX_SEGMENTS: write_cache takes torch ops, and no
+    WriteLauncher is asked for (ops.kernel_writes is the one place of the rule)."""
+    asked = []
+    monkeypatch.setattr(launcher, "make_write", lambda *a, **kw: asked.append(a[3]) or "launcher")
+    n = abi.MAX_SEGMENTS + 1
+    segments = "\n".join(f"        s{i}: bf16[16]" for i in range(n))
+    wide = attncc.compile(f"""attention nine {{
+    heads q = 8, kv = 1
+    cache paged(16) {{
+{segments}
+    }}
+    key = {' ++ '.join(f's{i}' for i in range(n))}
+    value = {' ++ '.join(f's{i}' for i in range(n - 1))}
+}}
+""")
+    assert not ops.kernel_writes(wide.spec)
+    assert not ops.writes_on_device(wide.spec, write_values(wide, 2))
+    assert wide._op.fast_write() is None and asked == []
+    k = attncc.compile(MLA_SMALL.replace("mla_small", "mla_small_write_rule"))  # an op no other test made
+    assert ops.kernel_writes(k.spec)
+    assert k._op.fast_write() == "launcher" and asked == [[s.name for s in k.spec.segments]]
