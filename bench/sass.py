@@ -7,8 +7,8 @@
 dump compiles with REPO's own lowering and templates and writes OUTDIR/<spec>-<arch>.sass
 (cuobjdump -sass: the CUDA toolkit's, or the one Triton's wheel carries in
 triton/backends/nvidia/bin; set CUOBJDUMP). compare prints, per kernel (decode, parts,
-combine), whether the instructions are identical and, if not, whether the main loop (the
-longest backward branch) is. loops lists, per kernel function of a built library (or of a
+combine), whether the instructions are identical and, if not, whether each function's main
+loop (its longest loop, as `loops` finds them) is. loops lists, per kernel function of a built library (or of a
 .sass listing), every loop of at least MIN instructions (default 100): a backward branch whose
 body holds no EXIT (ptxas puts an mbarrier wait's retry after the function's exits and branches
 back from there: not a loop of the kernel), with its instruction count and its most frequent
@@ -55,23 +55,18 @@ def dump(repo: Path, out: Path) -> None:
             print(f"{name}-{arch}")
 
 
-def kernels(path: Path) -> dict[str, list[str]]:
-    """A listing's instructions by kind of kernel (decode, parts, combine), whitespace collapsed."""
+def kernels(path: Path) -> dict[str, list[list[tuple[int, str]]]]:
+    """A listing's functions by kind of kernel (decode, parts, combine), whitespace collapsed."""
     found = {}
     for name, ins in functions(path.read_text()).items():
         kind = "combine" if "combine" in name else "parts" if "parts" in name else "decode"
-        found.setdefault(kind, []).extend(re.sub(r"\s+", " ", text) for _, text in ins)
+        found.setdefault(kind, []).append([(a, re.sub(r"\s+", " ", text)) for a, text in ins])
     return found
 
 
-def main_loop(ins: list[str]) -> list[str]:
-    best = (0, -1)
-    for i, x in enumerate(ins):
-        if "BRA" in x and (m := re.search(r"0x([0-9a-f]+)", x)):
-            target = int(m.group(1), 16) // 16
-            if target < i and i - target > best[1] - best[0]:
-                best = (target, i)
-    return ins[best[0]: best[1] + 1]
+def main_loop(ins: list[tuple[int, str]]) -> list[str]:
+    """The longest loop of a function (loops() at any size), or [] for none."""
+    return max((body for _, _, body in loops(ins, 1)), key=len, default=[])
 
 
 def functions(listing: str) -> dict[str, list[tuple[int, str]]]:
@@ -121,19 +116,20 @@ def print_loops(path: Path, min_size: int) -> None:
 
 
 def compare(a: Path, b: Path) -> int:
-    same = loops = differ = 0
+    same = loops_same = differ = 0
     for fa in sorted(a.glob("*.sass")):
         ka, kb = kernels(fa), kernels(b / fa.name)
         for kind in sorted(ka):
-            if ka[kind] == kb.get(kind):
+            fns_a, fns_b = ka[kind], kb.get(kind, [])
+            if fns_a == fns_b:
                 same += 1
-            elif main_loop(ka[kind]) == main_loop(kb.get(kind, [])):
-                loops += 1
-                print(f"{fa.stem} {kind}: differs outside its main loop")
+            elif len(fns_a) == len(fns_b) and all(main_loop(x) == main_loop(y) for x, y in zip(fns_a, fns_b)):
+                loops_same += 1
+                print(f"{fa.stem} {kind}: differs outside its main loops")
             else:
                 differ += 1
-                print(f"{fa.stem} {kind}: DIFFERS ({len(ka[kind])} vs {len(kb.get(kind, []))} instructions)")
-    print(f"{same} kernels identical, {loops} with identical main loops, {differ} different")
+                print(f"{fa.stem} {kind}: DIFFERS ({sum(map(len, fns_a))} vs {sum(map(len, fns_b))} instructions)")
+    print(f"{same} kernels identical, {loops_same} with identical main loops, {differ} different")
     return 1 if differ else 0
 
 

@@ -196,3 +196,33 @@ def test_sass_loops_are_backward_branches_without_an_exit():
     assert [sass.opcode(t) for t in found[0][2]] == ["SYNCS", "BRA", "HGMMA", "F2FP", "F2FP", "BRA"]
     assert sass.loops(functions["_Z6kernelv"], min_size=3) == found[:1]
     assert sass.loops(functions["_Z5otherv"], min_size=2) == [(0, 0x10, ["NOP", "BRA 0x0"])]
+
+
+def test_sass_compare_tells_identical_kernels_loops_and_differences(tmp_path, capsys):
+    """bench/sass.py compare: per spec and kind of kernel, identical instructions, identical main
+    loops (each function's longest loop) with other code changed, or a difference in a loop."""
+    sass = load_script(REPO / "bench" / "sass.py", "attncc_bench_sass")
+
+    def listing(prologue, loop_op):
+        return "\n".join([
+            "\t\tFunction : attncc_decode_kernel",
+            f"        /*0000*/                   {prologue} ;",
+            "        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24 ;",
+            f"        /*0020*/                   {loop_op} ;",
+            "        /*0030*/              @P1 BRA 0x10 ;",
+            "        /*0040*/                   EXIT ;",
+            "\t\tFunction : attncc_combine_kernel",
+            "        /*0000*/                   NOP ;",
+            "        /*0010*/                   EXIT ;",
+        ])
+
+    for side, (prologue, op) in {"a": ("MOV R1, R2", "FMUL R3, R4, R5"), "b": ("MOV R1, R6", "FMUL R3, R4, R5")}.items():
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "one-sm90a.sass").write_text(listing(prologue, op))
+        (tmp_path / side / "two-sm90a.sass").write_text(listing("MOV R1, R2", op if side == "a" else "FADD R3, R4, R5"))
+    assert sass.compare(tmp_path / "a", tmp_path / "b") == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["one-sm90a decode: differs outside its main loops",
+                   "two-sm90a decode: DIFFERS (5 vs 5 instructions)",
+                   "2 kernels identical, 1 with identical main loops, 1 different"]
+    assert sass.compare(tmp_path / "a", tmp_path / "a") == 0
