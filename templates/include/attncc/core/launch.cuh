@@ -1,10 +1,20 @@
-// attncc/core/launch.cuh: host-side grid arithmetic and argument checks of a decode launch,
-// for any family (used by the generated attncc_launch).
+// attncc/core/launch.cuh: host-side grid arithmetic, argument checks and the launch sequence of
+// a decode call, for any family (the generated translation unit's attncc_launch and
+// attncc_ctas_per_sm call launch<Cfg, Family> and ctas_per_sm<Cfg, Family>). A family names its
+// kernels and how one starts:
+//     struct Family {
+//       template <class C> static auto decode();   // the split-mode kernel of config C
+//       template <class C> static auto parts();    // the part-mode kernel
+//       template <class C, class Kernel>           // its launch on `ctas` CTAs
+//       static cudaError_t start(Kernel kernel, unsigned ctas, const AttnccArgs& a, cudaStream_t stream);
+//     };
 #pragma once
 
 #include <atomic>
 
 #include "attncc/abi.h"
+#include "attncc/core/combine.cuh"
+#include "attncc/core/paging.cuh"
 #include "attncc/core/work.cuh"
 
 namespace attncc {
@@ -50,5 +60,37 @@ struct SmemLimit {
     return err;
   }
 };
+
+// CTAs of the part-mode kernel an SM holds (the lowering's part count asks), 0 on an error.
+template <class Cfg, class Family>
+int ctas_per_sm() {
+  const auto kernel = Family::template parts<Cfg>();
+  int n = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DecodeLaunch<Cfg>::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, DecodeLaunch<Cfg>::kThreads, DecodeLaunch<Cfg>::kSmemBytes) != cudaSuccess)
+    return 0;
+  return n;
+}
+
+// A decode call: checks, the decode kernel (of the contiguous cache where the call's strides
+// allow, core/paging.cuh; split or part mode as the call says), then the combine.
+template <class Cfg, class Family>
+int launch(const AttnccArgs* args) {
+  using Decode = DecodeLaunch<Cfg>;
+  using Contiguous = ContiguousCache<Cfg>;
+  if (args == nullptr) return cudaErrorInvalidValue;
+  const AttnccArgs& a = *args;
+  cudaError_t err = Decode::check(a);
+  if (err != cudaSuccess || a.batch == 0) return err;
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+  const bool contiguous = cache_is_contiguous<Cfg>(a);
+  const auto kernel = a.num_parts > 0 ? (contiguous ? Family::template parts<Contiguous>() : Family::template parts<Cfg>())
+                                      : (contiguous ? Family::template decode<Contiguous>() : Family::template decode<Cfg>());
+  static SmemLimit limits[4];  // one per kernel above
+  err = limits[(a.num_parts > 0 ? 2 : 0) + (contiguous ? 1 : 0)].raise(reinterpret_cast<const void*>(kernel), Decode::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  err = Family::template start<Cfg>(kernel, static_cast<unsigned>(Decode::ctas(a)), a, stream);
+  return err != cudaSuccess ? err : CombineLaunch<Cfg>::launch(a, stream);
+}
 
 }  // namespace attncc
