@@ -49,6 +49,7 @@ def _compile(args) -> int:
 
     import attncc
 
+    from . import families
     from .build import compile_source, nvcc, unfit
     from .render import write_sources
 
@@ -70,6 +71,11 @@ def _compile(args) -> int:
         print("nvcc not found: rendered only")
         return 0
     arch = args.arch or plan.target
+    if arch not in families.by_name(plan.family).targets:
+        print(f"attncc: error: this plan is the {plan.family} family (lowered for {plan.target}), which "
+              f"does not build for {arch}: write `target {arch}` in the schedule to lower for it",
+              file=sys.stderr)
+        return 1
     limit = TARGETS[arch].smem_per_block
     if plan.config.smem_bytes > limit:
         print(f"attncc: warning: this plan (lowered for {plan.target}) needs {plan.config.smem_bytes} B "

@@ -107,6 +107,21 @@ def test_cli_compile_unsupported_spec_is_a_positioned_error(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not have_nvcc(), reason="nvcc not found")
+def test_cli_compile_for_an_arch_the_plans_family_cannot_build_says_so(tmp_path, capsys):
+    """The Hopper family's plan (wgmma, sm_90a) asked to build for sm80: one line that says why and
+    what to write, before nvcc runs (not ptxas's errors)."""
+    spec = REPO / "examples" / "mla.attn"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        rc = main(["compile", str(spec), "-o", str(tmp_path / "o"), "--arch", "sm80"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert err == ("attncc: error: this plan is the hopper family (lowered for sm90a), which does not build "
+                   "for sm80: write `target sm80` in the schedule to lower for it\n")
+    assert "building" not in err and "kernel" not in out
+
+
+@pytest.mark.skipif(not have_nvcc(), reason="nvcc not found")
 @pytest.mark.parametrize("name, arch", [("mla_fp8_sparse", None), ("gqa8", "sm80")])
 def test_cli_compile_reports_registers_and_spills(tmp_path, capsys, name, arch):
     argv = ["compile", str(REPO / "examples" / f"{name}.attn"), "-o", str(tmp_path / "o")]
