@@ -18,7 +18,7 @@ import attncc.build
 from attncc import families, split
 from attncc.families import Family, KernelConfig, MmaSyncFamily, Refusal
 from attncc.lower import UnsupportedSpec, lower
-from attncc.render import constant_name, constants, render
+from attncc.render import INCLUDE_DIR, constant_name, constants, render
 
 from specs import EXTRA, gla
 from support import compile_quiet, have_nvcc
@@ -359,7 +359,8 @@ def test_hopper_refuses_sparse_from_several_tensors_at_a_group_of_64():
 @pytest.mark.parametrize("family", ["hopper", "mma_sync"])
 def test_the_combine_is_a_dependent_launch_where_the_target_has_it(family):
     """sm90a: the lowering makes the combine a programmatic dependent of the decode kernel,
-    explain says so and the source launches it through CombineLaunch::launch, which sets the
+    explain says so and the source launches it through core/launch.cuh's launch, which calls
+    CombineLaunch::launch, which sets the
     attribute from dependent_launch<Cfg>() (the build's archs decide with the plan); sm80: no
     such launch."""
     k = compile_quiet(REPO / "examples" / "mla.attn", family=family)
@@ -367,8 +368,10 @@ def test_the_combine_is_a_dependent_launch_where_the_target_has_it(family):
     assert re.search(r"^\s+dependent_launch\s+True\s+the combine launches while", k.explain(), re.M)
     source = render(k.plan)
     assert "static constexpr bool kDependentLaunch = true;" in source
-    assert "return err != cudaSuccess ? err : Combine::launch(a, stream);" in source
-    assert "<<<Combine::blocks" not in source
+    assert f"return attncc::launch<Config, attncc::{family}::Family>(args);" in source
+    launch = (INCLUDE_DIR / "attncc" / "core" / "launch.cuh").read_text()  # the one launch sequence
+    assert "return err != cudaSuccess ? err : CombineLaunch<Cfg>::launch(a, stream);" in launch
+    assert "Combine" not in source and "<<<" not in source
     old = compile_quiet(GQA8 + "\nschedule gqa8 {\n    target sm80\n}\n")
     assert old.plan.config.dependent_launch is False
     assert re.search(r"^\s+dependent_launch\s+False\s+the target has no programmatic", old.explain(), re.M)
