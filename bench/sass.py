@@ -8,12 +8,14 @@ dump compiles with REPO's own lowering and templates and writes OUTDIR/<spec>-<a
 (cuobjdump -sass: the CUDA toolkit's, or the one Triton's wheel carries in
 triton/backends/nvidia/bin; set CUOBJDUMP). compare prints, per kernel (decode, parts,
 combine), whether the instructions are identical and, if not, whether each function's main
-loop (its longest loop, as `loops` finds them) is. loops lists, per kernel function of a built library (or of a
-.sass listing), every loop of at least MIN instructions (default 100): a backward branch whose
-body holds no EXIT (ptxas puts an mbarrier wait's retry after the function's exits and branches
-back from there: not a loop of the kernel), with its instruction count and its most frequent
-opcodes. A role's main loop (a consumer warp group's step, the producer's tile) then reads as
-the instructions it issues a step: static counts, the branches not taken included."""
+loop (its longest loop, as `loops` finds them) is. loops lists, per kernel function of a built
+library (or of a .sass listing), every loop of at least MIN instructions (default 100): a
+backward branch whose body holds no EXIT (ptxas puts an mbarrier wait's retry after the
+function's exits and branches back from there: not a loop of the kernel), with its instruction
+count, its most frequent opcodes and its costly ones (COSTLY: memory barriers, L1
+invalidations, proxy fences). A role's main loop (a consumer warp group's step, the producer's
+tile) then reads as the instructions it issues a step: static counts, the branches not taken
+included."""
 from __future__ import annotations
 
 import os
@@ -100,6 +102,18 @@ def loops(ins: list[tuple[int, str]], min_size: int = 100) -> list[tuple[int, in
     return found
 
 
+# Instructions that cost far more than their count: memory barriers (a GPU-scope one waits for the
+# thread's writes to reach L2; the cluster-scope mbarrier forms compile to it), L1 invalidations
+# (an acquire at cluster or GPU scope), proxy fences. `loops` names them per loop.
+COSTLY = ("MEMBAR.ALL.GPU", "MEMBAR.ALL.SYS", "CCTL.IVALL", "MEMBAR.ALL.CTA", "FENCE.VIEW.ASYNC")
+
+
+def costly(body: list[str]) -> dict[str, int]:
+    """How many of each COSTLY instruction a loop body holds (those present only)."""
+    counts = {name: sum(1 for t in body if name in t) for name in COSTLY}
+    return {name: n for name, n in counts.items() if n}
+
+
 def print_loops(path: Path, min_size: int) -> None:
     if path.suffix == ".sass":
         listing = path.read_text()
@@ -112,7 +126,9 @@ def print_loops(path: Path, min_size: int) -> None:
         print(f"{name} ({len(ins)} instructions)")
         for first, last, body in loops(ins, min_size):
             mix = Counter(opcode(t) for t in body).most_common(12)
-            print(f"  {first:#x}..{last:#x}: {len(body)}  " + " ".join(f"{k} {v}" for k, v in mix))
+            dear = costly(body)
+            print(f"  {first:#x}..{last:#x}: {len(body)}  " + " ".join(f"{k} {v}" for k, v in mix)
+                  + ("  | costly: " + " ".join(f"{k} {v}" for k, v in dear.items()) if dear else ""))
 
 
 def compare(a: Path, b: Path) -> int:

@@ -196,6 +196,11 @@ def test_sass_loops_are_backward_branches_without_an_exit():
     assert [sass.opcode(t) for t in found[0][2]] == ["SYNCS", "BRA", "HGMMA", "F2FP", "F2FP", "BRA"]
     assert sass.loops(functions["_Z6kernelv"], min_size=3) == found[:1]
     assert sass.loops(functions["_Z5otherv"], min_size=2) == [(0, 0x10, ["NOP", "BRA 0x0"])]
+    # the costly instructions a loop holds: only those present, each counted
+    assert sass.costly(["MEMBAR.ALL.GPU", "@!P0 MEMBAR.ALL.CTA", "MEMBAR.ALL.CTA", "FENCE.VIEW.ASYNC.S",
+                        "CCTL.IVALL", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24"]) == {
+        "MEMBAR.ALL.GPU": 1, "CCTL.IVALL": 1, "MEMBAR.ALL.CTA": 2, "FENCE.VIEW.ASYNC": 1}
+    assert sass.costly(found[0][2]) == {}
 
 
 def test_sass_compare_tells_identical_kernels_loops_and_differences(tmp_path, capsys):
