@@ -109,11 +109,13 @@ class Kernel:
             self._flags.record((~written & (slots != -1)).any(), abi.FLAG_SLOT)
 
     def _write_launcher(self, slots):
-        """write_cache's compiled launcher for this call (plain CUDA tensors, eager, no synchronous
-        checks), or None: the Python path."""
-        if self._op is None or not _direct_launch(slots) or devicecheck.synchronous():
-            return None
-        return self._op.fast_write()
+        """write_cache's compiled launcher for this call, or None: the Python path."""
+        return self._op.fast_write() if self._compiled_path(slots) else None
+
+    def _compiled_path(self, t) -> bool:
+        """Whether a call on `t` may go through a compiled launcher: an op, plain CUDA tensors,
+        eager, no synchronous checks (decode and write_cache alike)."""
+        return self._op is not None and _direct_launch(t) and not devicecheck.synchronous()
 
     def check(self) -> None:
         """Raise (ValueError naming the argument) the first bad value a call on the device
@@ -122,11 +124,8 @@ class Kernel:
 
     # --- call ------------------------------------------------------------------------------
     def _launcher(self, q):
-        """The compiled launcher for this call (plain CUDA tensors, eager, no synchronous
-        checks), or None: the Python path below."""
-        if self._op is None or not _direct_launch(q) or devicecheck.synchronous():
-            return None
-        return self._op.fast()
+        """The compiled launcher for this call, or None: the Python path below."""
+        return self._op.fast() if self._compiled_path(q) else None
 
     def __call__(self, q, cache, block_table=None, seqlens=None, *, indices=None, scale=None,
                  metadata=None, out=None, lse=None, return_lse=True, num_splits=None):

@@ -3,7 +3,7 @@ implementation, the reference on CPU and the built library on CUDA. The torch si
 a launch lives here; the library only sees pointers, sizes and a stream (abi.h)."""
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import cache, lru_cache, partial
 from typing import NamedTuple, Optional
 
 import torch
@@ -106,7 +106,7 @@ def pack(p: Prepared, q, out, lse, views, block_table, seqlens, indices, partial
     args.num_pages = p.num_pages
     args.block_table = _ptr(block_table)
     args.block_table_stride, args.block_table_cols = p.block_table_stride, p.block_table_cols
-    args.flags = p.flags or None
+    args.flags = p.flags  # 0: none (a null c_void_p)
     args.seqlens, args.indices = _ptr(seqlens), _ptr(indices)
     args.partial_out, args.partial_lse = _ptr(partial_out), _ptr(partial_lse)
     args.batch, args.s_q, args.num_splits, args.num_parts = p.batch, p.s_q, p.num_splits, p.num_parts
@@ -235,7 +235,7 @@ def pack_write(spec: Spec, plan: Plan, cache, slots, values: dict[str, torch.Ten
         args.values[i] = values[seg.name].data_ptr()
         args.value_dtype[i], args.value_token_stride[i], args.value_head_stride[i] = \
             p.value_dtype[i], p.value_token_stride[i], p.value_head_stride[i]
-    args.flags = p.flags or None
+    args.flags = p.flags  # 0: none (a null c_void_p)
     return args, [slots, *values.values()]
 
 
@@ -294,14 +294,11 @@ def op_for(spec: Spec, plan: Plan, tag: str = ""):
         return cuda_forward(spec, plan, library(), q, cache, block_table, seqlens, indices, scale,
                             num_splits, out=out, lse=lse, flags=flags.word(q.device))
 
-    launchers = []
-
+    @cache
     def fast():
         """The op's compiled launcher (launcher.py), made on first use; None where there is none."""
-        if not launchers:
-            launchers.append(launcher.make(library(), [t.name for t in plan.layout.tensors], spec.separate,
-                                           partial(prepare_call, spec, plan, library(), flags)))
-        return launchers[0]
+        return launcher.make(library(), [t.name for t in plan.layout.tensors], spec.separate,
+                             partial(prepare_call, spec, plan, library(), flags))
 
     def cpu(q, cache, block_table, seqlens, indices, scale):
         cache_arg = dict(zip(storage.tensor_layouts(spec, 1), cache)) if spec.separate else cache[0]
@@ -349,17 +346,14 @@ def op_for(spec: Spec, plan: Plan, tag: str = ""):
     # write_cache's kernel (Kernel.write_cache, where ops.writes_on_device takes the values)
     attention.write_cache = lambda cache, slots, values: cuda_write_cache(spec, plan, library(), cache, slots, values,
                                                                           flags.word(slots.device))
-    write_launchers = []
-
+    @cache
     def fast_write():
         """write_cache's compiled launcher (launcher.py), made on first use; None where there is none
         (no extension, or records the kernel does not take)."""
-        if not write_launchers:
-            write_launchers.append(launcher.make_write(library(), [t.name for t in plan.layout.tensors], spec.separate,
-                                                       [s.name for s in spec.segments],
-                                                       partial(prepare_write, spec, plan, flags))
-                                   if kernel_writes(spec) else None)
-        return write_launchers[0]
+        if not kernel_writes(spec):
+            return None
+        return launcher.make_write(library(), [t.name for t in plan.layout.tensors], spec.separate,
+                                   [s.name for s in spec.segments], partial(prepare_write, spec, plan, flags))
 
     attention.fast_write = fast_write
     _OPS[qualname] = attention
