@@ -126,6 +126,30 @@ void check_names(const std::vector<std::string>& names, bool separate) {
                                 std::to_string(ATTNCC_MAX_TENSORS));
 }
 
+// What prepare made of each signature seen (at most kMaxSignatures, then all forgotten at once):
+// Launcher's and WriteLauncher's memory.
+template <class E>
+class Memo {
+ public:
+  // The entry of `sig`, made by make() (Python's prepare) the first time it is seen. A copy of
+  // the pointer: Python run later (another thread's prepare) may change the map.
+  template <class Make>
+  std::shared_ptr<const E> get(Signature&& sig, Make make) {
+    auto found = entries_.find(sig);
+    if (found == entries_.end()) {
+      auto entry = make();
+      if (entries_.size() >= kMaxSignatures) entries_.clear();
+      found = entries_.insert_or_assign(std::move(sig), std::move(entry)).first;
+    }
+    return found->second;
+  }
+  size_t size() const { return entries_.size(); }
+  void clear() { entries_.clear(); }
+
+ private:
+  std::unordered_map<Signature, std::shared_ptr<const E>, SignatureHash> entries_;
+};
+
 class Launcher {
  public:
   // launch: the library's attncc_launch; tensors: the cache's tensor names in plan order (a
@@ -153,13 +177,8 @@ class Launcher {
       prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse);
       return py::none();
     }
-    auto found = entries_.find(sig);
-    if (found == entries_.end()) {
-      auto entry = make_entry(prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse));
-      if (entries_.size() >= kMaxSignatures) entries_.clear();
-      found = entries_.insert_or_assign(std::move(sig), std::move(entry)).first;
-    }
-    const std::shared_ptr<const Entry> held = found->second;  // Python below may change the map
+    const std::shared_ptr<const Entry> held =
+        entries_.get(std::move(sig), [&] { return make_entry(prepare_(q, cache, block_table, seqlens, indices, num_splits, out, lse)); });
     const Entry& e = *held;
     if (!e.fast) return py::none();
     const c10::Device device = tq.device();
@@ -222,7 +241,7 @@ class Launcher {
   std::vector<std::string> names_;
   bool separate_;
   py::object prepare_, stream_of_, fail_;
-  std::unordered_map<Signature, std::shared_ptr<const Entry>, SignatureHash> entries_;
+  Memo<Entry> entries_;
 };
 
 using WriteFn = int (*)(const AttnccWriteArgs*);
@@ -256,13 +275,7 @@ class WriteLauncher {
     if (slots.is_none() || !sign_cache(sig, cache, names_, separate_, tcache) || !sign(sig, slots, &tslots) ||
         !sign_dict(sig, values, segments_, tvalues))
       return false;
-    auto found = entries_.find(sig);
-    if (found == entries_.end()) {
-      auto entry = make_entry(prepare_(cache, slots, values));
-      if (entries_.size() >= kMaxSignatures) entries_.clear();
-      found = entries_.insert_or_assign(std::move(sig), std::move(entry)).first;
-    }
-    const std::shared_ptr<const WriteEntry> held = found->second;  // Python below may change the map
+    const std::shared_ptr<const WriteEntry> held = entries_.get(std::move(sig), [&] { return make_entry(prepare_(cache, slots, values)); });
     if (!held->fast || elsewhere(tslots)) return false;
     AttnccWriteArgs a = held->args;
     for (size_t i = 0; i < names_.size(); ++i) a.tensors[i] = tcache[i].data_ptr();
@@ -298,7 +311,7 @@ class WriteLauncher {
   bool separate_;
   std::vector<std::string> segments_;
   py::object prepare_, stream_of_, fail_;
-  std::unordered_map<Signature, std::shared_ptr<const WriteEntry>, SignatureHash> entries_;
+  Memo<WriteEntry> entries_;
 };
 
 }  // namespace
