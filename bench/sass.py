@@ -29,6 +29,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
+def cuobjdump() -> str:
+    """The cuobjdump that reads the libraries: CUOBJDUMP, else the toolkit's on PATH."""
+    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if tool is None:
+        raise SystemExit("no cuobjdump: set CUOBJDUMP (Triton's wheel carries one)")
+    return tool
+
+
+def sass_of(library: Path, tool: str) -> str:
+    """A built library's `cuobjdump -sass` listing."""
+    return subprocess.run([tool, "-sass", str(library)], capture_output=True, text=True, check=True).stdout
+
+
 def dump(repo: Path, out: Path) -> None:
     sys.path.insert(0, str(repo))
     sys.path.insert(0, str(repo / "tests"))
@@ -37,9 +50,7 @@ def dump(repo: Path, out: Path) -> None:
     from attncc.build import compile_source
     from specs import all_specs
 
-    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-    if tool is None:
-        raise SystemExit("no cuobjdump: set CUOBJDUMP (Triton's wheel carries one)")
+    tool = cuobjdump()  # before any build
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(name, arch, attncc.compile(text).plan) for name, text in all_specs().items()
             for arch in ("sm90a", "sm80")]
@@ -47,8 +58,7 @@ def dump(repo: Path, out: Path) -> None:
     def one(job):
         name, arch, plan = job
         library, _, _ = compile_source(plan, out / f"build-{name}-{arch}", arch, progress=False)
-        sass = subprocess.run([tool, "-sass", str(library)], capture_output=True, text=True, check=True).stdout
-        (out / f"{name}-{arch}.sass").write_text(sass)
+        (out / f"{name}-{arch}.sass").write_text(sass_of(library, tool))
         shutil.rmtree(out / f"build-{name}-{arch}")
         return name, arch
 
@@ -115,13 +125,7 @@ def costly(body: list[str]) -> dict[str, int]:
 
 
 def print_loops(path: Path, min_size: int) -> None:
-    if path.suffix == ".sass":
-        listing = path.read_text()
-    else:
-        tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-        if tool is None:
-            raise SystemExit("no cuobjdump: set CUOBJDUMP (Triton's wheel carries one)")
-        listing = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    listing = path.read_text() if path.suffix == ".sass" else sass_of(path, cuobjdump())
     for name, ins in functions(listing).items():
         print(f"{name} ({len(ins)} instructions)")
         for first, last, body in loops(ins, min_size):
