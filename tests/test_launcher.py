@@ -96,9 +96,10 @@ def python_args(k, stub, q, cache, block_table, seqlens, indices, requested, out
                        partial_out, partial_lse, scale, 0x5151)
 
 
-def record(args: abi.AttnccArgs) -> dict:
-    return {name: (list(getattr(args, name)) if name in ("tensors", "page_stride", "token_stride", "head_stride")
-                   else getattr(args, name)) for name in FIELDS}
+def record(args) -> dict:
+    """An AttnccArgs' or AttnccWriteArgs' fields by name, its arrays as lists."""
+    return {name: list(getattr(args, name)) if issubclass(kind, ctypes.Array) else getattr(args, name)
+            for name, kind in args._fields_}
 
 
 def flashmla_view(cache):  # FlashMLA's [num_blocks, P, 1, record]
@@ -320,11 +321,6 @@ def test_where_the_launcher_cannot_be_built_one_warning_says_so(tmp_path, monkey
 
 # --- write_cache (WriteLauncher) ---------------------------------------------------------------
 
-WRITE_FIELDS = [name for name, _ in abi.AttnccWriteArgs._fields_]
-WRITE_ARRAYS = {"tensors", "page_stride", "token_stride", "head_stride", "values", "value_dtype",
-                "value_token_stride", "value_head_stride"}
-
-
 def make_write(ext, stub, k, flags=None):
     flags = flags or devicecheck.DeviceFlags()
     prepare = Counting(partial(ops.prepare_write, k.spec, k.plan, flags))
@@ -332,10 +328,6 @@ def make_write(ext, stub, k, flags=None):
                              [t.name for t in k.plan.layout.tensors], k.spec.separate,
                              [s.name for s in k.spec.segments], prepare, lambda index: 0x5252, stub.fail)
     return fast, prepare, flags
-
-
-def write_record(args: abi.AttnccWriteArgs) -> dict:
-    return {name: (list(getattr(args, name)) if name in WRITE_ARRAYS else getattr(args, name)) for name in WRITE_FIELDS}
 
 
 def write_values(k, n, dtype=torch.bfloat16, seed=0, spread=False):
@@ -377,9 +369,9 @@ def test_the_write_launcher_packs_what_the_python_path_packs(ext, stub, source, 
     before = stub.dll.stub_writes()
     assert fast(cache, slots, values) is True
     assert stub.dll.stub_writes() == before + 1 and prepare.calls == 1
-    got = write_record(stub.dll.stub_last_write().contents)
+    got = record(stub.dll.stub_last_write().contents)
     want_args, _ = ops.pack_write(k.spec, k.plan, cache, slots, values, flags.word(slots.device))
-    want = write_record(want_args)
+    want = record(want_args)
     assert got.pop("stream") == 0x5252 and want.pop("stream") is None
     assert got == want
     assert got["flags"] == flags.word(slots.device).data_ptr() and got["slots"] == slots.data_ptr()
