@@ -1,5 +1,5 @@
-"""Kernel plan → CUDA source, through thin Jinja templates (templates/<family>/*.j2 and
-templates/plan.j2). The algorithm lives in templates/include/attncc/; templates only emit the
+"""Kernel plan → CUDA source, through thin Jinja templates (templates/decode.cu.j2, plan.j2 and
+exports.j2). The algorithm lives in templates/include/attncc/; templates only emit the
 plan's numbers as named constexprs and the launch sequence."""
 from __future__ import annotations
 

@@ -167,7 +167,7 @@ def template_copy(tmp_path, monkeypatch):
     attncc.render._environment.cache_clear()
 
 
-@pytest.mark.parametrize("path", ["mma_sync/decode.cu.j2", "plan.j2", "include/attncc/mma_sync/kernel.cuh",
+@pytest.mark.parametrize("path", ["decode.cu.j2", "plan.j2", "include/attncc/mma_sync/kernel.cuh",
                                   "include/attncc/core/softmax.cuh", "include/attncc/abi.h"])
 def test_cache_key_changes_with_template_content(template_copy, path):
     plan = plan_of("gqa8")

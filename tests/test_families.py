@@ -37,7 +37,6 @@ class Picky(Family):
     targets = ("sm90a",)
     honours = frozenset({"tile", "stages"})
     tolerates = frozenset()
-    template = "mma_sync/decode.cu.j2"
     limits = ()
 
     def lower(self, spec, layout, target):

