@@ -4,7 +4,8 @@
 //
 //   producer, stage s:  wait EMPTY[s] (phase), issue cp.async into s,
 //                       cp_async_arrive(FULL[s])        the arrival lands when the copies do
-//   consumer, stage s:  wait FULL[s] (phase), fence_async_shared() before wgmma reads it,
+//   consumer, stage s:  wait FULL[s] (phase), fence_async_shared() before wgmma reads it
+//                       (where the writer could not fence: traits.cuh, consumer_fences),
 //                       ... wgmma ..., arrive(EMPTY[s]) once its products are done (wait_group)
 //
 // Run on the H200 by tests/test_wgmma.py's warp-specialized decode tile: every function here but

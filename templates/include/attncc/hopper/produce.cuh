@@ -42,7 +42,10 @@
 //   arrives FLAGS[stage] (release: the consumers' wait acquires them);
 //   per box, in the stage's order (traits.cuh): its cp.async, then cp.async.mbarrier.arrive on
 //   FULL[stage][box], which completes when the copies of every producer thread have landed.
-// The consumers fence the boxes to the async proxy (wgmma) after their FULL wait.
+// Where a box's writer cannot fence its stores to the async proxy (wgmma) before FULL counts them
+// (a cp.async plan's 16-bit boxes), the consumers do after their FULL wait (traits.cuh:
+// consumer_fences); the producer fences the fp8 boxes it converts, and a TMA plan's rare cp.async
+// tiles once they have landed.
 #pragma once
 
 #include <type_traits>
@@ -225,9 +228,16 @@ struct TileTokens {
         const uint32_t dst = T::stage_box(sbase, stage, box);
 #pragma unroll
         for (int k = 0; k < kMine; ++k) cp_async_16_at(dst + sw128(row(p, k), p % 8), base, off[k][src.tensor], valid[k]);
-        if constexpr (!Cfg::kCrossover) cp_async_arrive(T::full(sbase, stage, box));
+        if constexpr (!Cfg::kCrossover && !producer_fences_cp_async<Cfg>()) cp_async_arrive(T::full(sbase, stage, box));
       }
     });
+    if constexpr (producer_fences_cp_async<Cfg>()) {  // (traits.cuh) a TMA plan's cp.async tile: landed, fenced, then FULL
+      static_assert(!has_fp8<Cfg>(), "TMA plans have no fp8 runs");
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_async_shared();
+      static_for<kTo - kFrom>([&](auto i) { mbarrier_arrive(T::full(sbase, stage, kFrom + decltype(i)::value)); });
+    }
     if constexpr (has_fp8_box(kFrom, kTo)) {
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { load_pair<decltype(run)::value>(a, sbase, stage, head, p, b); });
       cp_async_commit();

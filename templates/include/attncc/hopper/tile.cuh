@@ -59,7 +59,7 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbas
     } else {
       mbarrier_wait(T::full(sbase, stage, box), parity);
     }
-    fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
+    if constexpr (consumer_fences<Cfg>(box)) fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
 #pragma unroll
     for (int kk = 0; kk < kBoxCols / 16; ++kk) {
       const uint64_t qd = desc_k_major(q, T::kQBoxBytes, box * kBoxCols + 16 * kk), kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);
