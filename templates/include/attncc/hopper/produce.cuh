@@ -258,10 +258,21 @@ struct TileTokens {
       __syncwarp();             // ... and its quarter warp's (one_scale_a_pair: one thread's scale, 8 readers)
     }
   }
+  // Without crossover the group's pairs are converted first, then fenced once and their FULLs
+  // arrived on (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair); crossover fences and
+  // arrives a pair at a time (convert_pair), each pair's peer stores counted on its FULLs.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void convert_landed(uint32_t sbase, int stage, int p) const {
+    using T = HopperTraits<Cfg>;
     if constexpr (has_fp8_box(kFrom, kTo)) {
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { convert_pair<decltype(run)::value>(sbase, stage, p, b); });
+      if constexpr (!Cfg::kCrossover) {
+        fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
+        static_for<kTo - kFrom>([&](auto i) {
+          constexpr int box = kFrom + decltype(i)::value;
+          if constexpr (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) arrive_full(T::full(sbase, stage, box), p);
+        });
+      }
     }
   }
 
@@ -437,7 +448,8 @@ struct TileTokens {
   // (core/dequant.cuh) into staged columns 16 c .. 16 c + 15 of the pair: box `box` + c / 4,
   // 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 of the token's swizzled row. Threads c >= 4 store their high chunk first, so
   // that a quarter warp's stores (one token) fall on all eight 16-byte bank groups at once. The
-  // generic-proxy stores are fenced for wgmma before the arrivals on both FULLs.
+  // generic-proxy stores are fenced for wgmma before the arrivals on the FULLs (crossover: here, for
+  // the pair; else in convert_landed, for the group).
   template <int I>
   __device__ __forceinline__ void convert_pair(uint32_t sbase, int stage, int p, int box) const {
     using T = HopperTraits<Cfg>;
@@ -474,9 +486,11 @@ struct TileTokens {
         st_async_16(peer + (at_second - sbase), v_second, peer_full);
       }
     }
-    fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
-    arrive_full(T::full(sbase, stage, box), p);
-    arrive_full(T::full(sbase, stage, box + 1), p);
+    if constexpr (Cfg::kCrossover) {  // (without: convert_landed, once for the group)
+      fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
+      arrive_full(T::full(sbase, stage, box), p);
+      arrive_full(T::full(sbase, stage, box + 1), p);
+    }
   }
 };
 
