@@ -198,7 +198,7 @@ struct TileTokens {
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, any);
     if (p % 32 == 0) reinterpret_cast<int*>(flags + Cfg::kTileN)[p / 32] = static_cast<int>(ballot);
-    mbarrier_arrive(flags_bar);
+    mbarrier_arrive_warp(flags_bar);
   }
 
   // Boxes [kFrom, kTo) of stage `stage`: this thread's copies of each, then its arrival on the
@@ -270,7 +270,7 @@ struct TileTokens {
         fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
         static_for<kTo - kFrom>([&](auto i) {
           constexpr int box = kFrom + decltype(i)::value;
-          if constexpr (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) arrive_full(T::full(sbase, stage, box), p);
+          if constexpr (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) mbarrier_arrive_warp(T::full(sbase, stage, box));
         });
       }
     }
