@@ -24,7 +24,7 @@ __host__ __device__ constexpr uint32_t sw128(int row, int chunk) {
 
 // The 64-bit shared-memory matrix descriptor: start address, leading and stride byte offsets
 // (all >> 4, 14 bits each), base offset 0 (1024-byte aligned atoms), swizzle mode 1 = 128B.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+__host__ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
@@ -35,7 +35,7 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lead
 // descriptor is built once (desc_sw128's masks and shifts) and each k-step's is that plus a
 // constant, not the masks and shifts again (ptxas does not fold them: ~8 uniform instructions
 // a wgmma).
-__device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes) {
+__host__ __device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes) {
   const uint32_t lo = static_cast<uint32_t>(d) + (bytes >> 4);
   return (d & 0xFFFFFFFF00000000ull) | lo;
 }
