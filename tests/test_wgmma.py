@@ -149,3 +149,31 @@ def test_the_warp_specialized_decode_tile_matches_softmax_attention(decode_tile,
     torch.testing.assert_close(lse, torch.logsumexp(s, -1), rtol=0, atol=1e-3)
     want = torch.softmax(s, -1) @ v.float()
     assert (out - want).norm() / want.norm() < 1e-2
+
+
+def test_advanced_descriptors_are_the_descriptors_of_the_advanced_addresses(tmp_path):
+    """desc_plus (a tile's descriptor built once, each k-step's its start field plus a constant)
+    gives, bit for bit, desc_sw128 of the advanced address for every shared-memory address and
+    offset up to 80 KB (multiples of 16), K-major (16, 1024) and N-major (a box apart, 1024); on
+    the host, through tests/cpp/desc_probe.cu."""
+    if _nvcc() is None:
+        pytest.skip("nvcc not found (CUDA toolkit needed)")
+    lib = tmp_path / "desc_probe.so"
+    result = subprocess.run([str(_nvcc()), "-std=c++17", "-O2", "-shared", "-Xcompiler", "-fPIC",
+                             "-I", str(ROOT / "templates" / "include"),
+                             str(ROOT / "tests" / "cpp" / "desc_probe.cu"), "-o", str(lib)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    probe = ctypes.CDLL(str(lib))
+    probe.probe_desc_mismatches.restype = ctypes.c_longlong
+    probe.probe_desc_mismatches.argtypes = [ctypes.c_uint32] * 4
+    probe.probe_desc_plus.restype = probe.probe_desc_sw128.restype = ctypes.c_uint64
+    probe.probe_desc_plus.argtypes = [ctypes.c_uint64, ctypes.c_uint32]
+    probe.probe_desc_sw128.argtypes = [ctypes.c_uint32] * 3
+    smem = 227 * 1024  # an sm_90 CTA's shared memory
+    for leading, stride in ((16, 1024), (8192, 1024), (4096, 1024)):
+        assert probe.probe_desc_mismatches(smem, 80 * 1024, leading, stride) == 0, (leading, stride)
+    # the fields: start address >> 4 in bits 0-13, leading and stride >> 4 at 16 and 32, 128B swizzle at 62
+    d = probe.probe_desc_sw128(0x12400, 8192, 1024)
+    assert d == (0x12400 >> 4) | (8192 >> 4) << 16 | (1024 >> 4) << 32 | 1 << 62
+    assert probe.probe_desc_plus(d, 0x2020) == d + (0x2020 >> 4)

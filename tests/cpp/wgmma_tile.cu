@@ -56,15 +56,20 @@ __global__ void __launch_bounds__(128) tile_kernel(const __nv_bfloat16* a, const
   float acc[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
-  attncc::hopper::fence();
+  // every k-step's descriptors before the fence (pinned there: the runtime choice of the N-major
+  // reading would otherwise be computed between the wgmmas, and ptxas injects arrives, C7519)
+  uint64_t da[kK / 16], db[kK / 16];
 #pragma unroll
   for (int k0 = 0; k0 < kK; k0 += 16) {
-    const uint64_t da = attncc::hopper::desc_k_major(smem_u32(sa), kM * 128, k0);
-    const uint64_t db = kTransB ? (leading ? attncc::hopper::desc_n_major(smem_u32(sb), k0, leading, stride)
-                                                : attncc::hopper::desc_n_major(smem_u32(sb), kK * 128, k0))
-                                : attncc::hopper::desc_k_major(smem_u32(sb), kN * 128, k0);
-    attncc::hopper::mma_ss<kN, kTransB>(acc, da, db, k0 > 0);
+    da[k0 / 16] = attncc::hopper::desc_k_major(smem_u32(sa), kM * 128, k0);
+    db[k0 / 16] = kTransB ? (leading ? attncc::hopper::desc_n_major(smem_u32(sb), k0, leading, stride)
+                                     : attncc::hopper::desc_n_major(smem_u32(sb), kK * 128, k0))
+                          : attncc::hopper::desc_k_major(smem_u32(sb), kN * 128, k0);
+    asm volatile("" : "+l"(da[k0 / 16]), "+l"(db[k0 / 16]));
   }
+  attncc::hopper::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < kK; k0 += 16) attncc::hopper::mma_ss<kN, kTransB>(acc, da[k0 / 16], db[k0 / 16], k0 > 0);
   attncc::hopper::commit_group();
   attncc::hopper::wait_group<0>();
   store_acc<kN>(acc, d);

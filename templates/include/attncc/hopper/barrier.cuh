@@ -4,7 +4,8 @@
 //
 //   producer, stage s:  wait EMPTY[s] (phase), issue cp.async into s,
 //                       cp_async_arrive(FULL[s])        the arrival lands when the copies do
-//   consumer, stage s:  wait FULL[s] (phase), fence_async_shared() before wgmma reads it,
+//   consumer, stage s:  wait FULL[s] (phase), fence_async_shared() before wgmma reads it
+//                       (where the writer could not fence: traits.cuh, consumer_fences),
 //                       ... wgmma ..., arrive(EMPTY[s]) once its products are done (wait_group)
 //
 // Run on the H200 by tests/test_wgmma.py's warp-specialized decode tile: every function here but
@@ -35,6 +36,18 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
 // `count` arrivals at once (a warp group standing in for two: a stacked stage read by one group).
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar, int count) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// A warp's arrivals, one update of the barrier: its threads meet (__syncwarp orders their
+// memory operations before the leader's release), then one lane (elect.sync) arrives for all of
+// them (`each` a thread, 32 each in all): 4 updates of a barrier for a warp group, not 128
+// (FlashMLA's consumers arrive once a warp group). Whole warps only.
+__device__ __forceinline__ void mbarrier_arrive_warp(uint32_t bar, int each = 1) {
+  __syncwarp();
+  asm volatile(  // elect.sync, not a lane-index test: no lane index kept in a register through the loops
+      "{\n.reg .pred lead;\n.reg .b64 state;\nelect.sync _|lead, 0xffffffff;\n"
+      "@lead mbarrier.arrive.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar), "r"(32 * each)
+      : "memory");
 }
 
 // This thread's arrival is counted when all its cp.async issued so far have landed (noinc:

@@ -42,7 +42,10 @@
 //   arrives FLAGS[stage] (release: the consumers' wait acquires them);
 //   per box, in the stage's order (traits.cuh): its cp.async, then cp.async.mbarrier.arrive on
 //   FULL[stage][box], which completes when the copies of every producer thread have landed.
-// The consumers fence the boxes to the async proxy (wgmma) after their FULL wait.
+// Where a box's writer cannot fence its stores to the async proxy (wgmma) before FULL counts them
+// (a cp.async plan's 16-bit boxes), the consumers do after their FULL wait (traits.cuh:
+// consumer_fences); the producer fences the fp8 boxes it converts, and a TMA plan's rare cp.async
+// tiles once they have landed.
 #pragma once
 
 #include <type_traits>
@@ -195,7 +198,7 @@ struct TileTokens {
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, any);
     if (p % 32 == 0) reinterpret_cast<int*>(flags + Cfg::kTileN)[p / 32] = static_cast<int>(ballot);
-    mbarrier_arrive(flags_bar);
+    mbarrier_arrive_warp(flags_bar);
   }
 
   // Boxes [kFrom, kTo) of stage `stage`: this thread's copies of each, then its arrival on the
@@ -225,9 +228,16 @@ struct TileTokens {
         const uint32_t dst = T::stage_box(sbase, stage, box);
 #pragma unroll
         for (int k = 0; k < kMine; ++k) cp_async_16_at(dst + sw128(row(p, k), p % 8), base, off[k][src.tensor], valid[k]);
-        if constexpr (!Cfg::kCrossover) cp_async_arrive(T::full(sbase, stage, box));
+        if constexpr (!Cfg::kCrossover && !producer_fences_cp_async<Cfg>()) cp_async_arrive(T::full(sbase, stage, box));
       }
     });
+    if constexpr (producer_fences_cp_async<Cfg>()) {  // (traits.cuh) a TMA plan's cp.async tile: landed, fenced, then FULL
+      static_assert(!has_fp8<Cfg>(), "TMA plans have no fp8 runs");
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_async_shared();
+      static_for<kTo - kFrom>([&](auto i) { mbarrier_arrive(T::full(sbase, stage, kFrom + decltype(i)::value)); });
+    }
     if constexpr (has_fp8_box(kFrom, kTo)) {
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { load_pair<decltype(run)::value>(a, sbase, stage, head, p, b); });
       cp_async_commit();
@@ -248,10 +258,21 @@ struct TileTokens {
       __syncwarp();             // ... and its quarter warp's (one_scale_a_pair: one thread's scale, 8 readers)
     }
   }
+  // Without crossover the group's pairs are converted first, then fenced once and their FULLs
+  // arrived on (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair); crossover fences and
+  // arrives a pair at a time (convert_pair), each pair's peer stores counted on its FULLs.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void convert_landed(uint32_t sbase, int stage, int p) const {
+    using T = HopperTraits<Cfg>;
     if constexpr (has_fp8_box(kFrom, kTo)) {
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { convert_pair<decltype(run)::value>(sbase, stage, p, b); });
+      if constexpr (!Cfg::kCrossover) {
+        fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
+        static_for<kTo - kFrom>([&](auto i) {
+          constexpr int box = kFrom + decltype(i)::value;
+          if constexpr (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) mbarrier_arrive_warp(T::full(sbase, stage, box));
+        });
+      }
     }
   }
 
@@ -427,7 +448,8 @@ struct TileTokens {
   // (core/dequant.cuh) into staged columns 16 c .. 16 c + 15 of the pair: box `box` + c / 4,
   // 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 of the token's swizzled row. Threads c >= 4 store their high chunk first, so
   // that a quarter warp's stores (one token) fall on all eight 16-byte bank groups at once. The
-  // generic-proxy stores are fenced for wgmma before the arrivals on both FULLs.
+  // generic-proxy stores are fenced for wgmma before the arrivals on the FULLs (crossover: here, for
+  // the pair; else in convert_landed, for the group).
   template <int I>
   __device__ __forceinline__ void convert_pair(uint32_t sbase, int stage, int p, int box) const {
     using T = HopperTraits<Cfg>;
@@ -464,9 +486,11 @@ struct TileTokens {
         st_async_16(peer + (at_second - sbase), v_second, peer_full);
       }
     }
-    fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
-    arrive_full(T::full(sbase, stage, box), p);
-    arrive_full(T::full(sbase, stage, box + 1), p);
+    if constexpr (Cfg::kCrossover) {  // (without: convert_landed, once for the group)
+      fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
+      arrive_full(T::full(sbase, stage, box), p);
+      arrive_full(T::full(sbase, stage, box + 1), p);
+    }
   }
 };
 

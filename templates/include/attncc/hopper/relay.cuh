@@ -91,13 +91,13 @@ __device__ __forceinline__ void consume_relay(const AttnccArgs& a, const CtaWork
           for (int h = 0; h < 2; ++h) l[h] = l[h] * cx[h] + sum[h];
           store_p<Cfg>(p_box, s, f);
           fence_async_shared();  // P (generic proxy) before either group's wgmma reads it
-          mbarrier_arrive(hand);
+          mbarrier_arrive_warp(hand);
           scale_rows(o, cx);
           pv_ss<Cfg>(o, p_box, T::stage_box(sbase, st, 0));  // O_L += P_x V_x[:, L] (P from shared: RS measured no faster)
-          mbarrier_arrive(T::empty_early(sbase, st));
-          mbarrier_arrive(T::empty_late(sbase, st));
+          mbarrier_arrive_warp(T::empty_early(sbase, st));
+          mbarrier_arrive_warp(T::empty_late(sbase, st));
         } else {
-          mbarrier_arrive(hand);  // a pair without b: the handoff's phase still turns
+          mbarrier_arrive_warp(hand);  // a pair without b: the handoff's phase still turns
         }
       } else {
         mbarrier_wait(hand, pair);
@@ -107,7 +107,7 @@ __device__ __forceinline__ void consume_relay(const AttnccArgs& a, const CtaWork
           for (int h = 0; h < 2; ++h) cx[h] = x == 0 ? rs.ca(f.r + 8 * h) : rs.cb(f.r + 8 * h);
           scale_rows(o, cx);
           pv_ss<Cfg>(o, p_box, T::stage_box(sbase, st, T::kOut));  // O_R += P_x V_x[:, R]
-          mbarrier_arrive(T::empty_late(sbase, st));
+          mbarrier_arrive_warp(T::empty_late(sbase, st));
         }
       }
     }

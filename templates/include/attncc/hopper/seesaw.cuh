@@ -112,21 +112,21 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         m[h] = m_new;
         if (f.q == 0) rs.set_m(f.r + 8 * h, m_new), rs.set_ca(f.r + 8 * h, ca[h]);
       }
-      mbarrier_arrive(T::max_a(sbase));  // MAX_A
+      mbarrier_arrive_warp(T::max_a(sbase));  // MAX_A
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 3);
       exponentiate<Cfg>(s, m, c, sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * ca[h] + sum[h];
       store_p<Cfg>(p_box_a, s, f);  // P_a, at m_a
       fence_async_shared();
-      mbarrier_arrive(T::p_a(sbase));  // P_A
+      mbarrier_arrive_warp(T::p_a(sbase));  // P_A
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 4);
       scale_rows(o, ca);
       pack_p<Cfg>(s, pa);
       pv_rs<Cfg>(o, pa, T::stage_box(sbase, sa, 0));  // O_L += P_a V_a[:, L]
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 5);
-      mbarrier_arrive(T::empty_early(sbase, sa));
-      mbarrier_arrive(T::empty_late(sbase, sa));
+      mbarrier_arrive_warp(T::empty_early(sbase, sa));
+      mbarrier_arrive_warp(T::empty_late(sbase, sa));
       mbarrier_wait(T::p_b(sbase), pair);  // P_B
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 6);
 #pragma unroll
@@ -140,8 +140,8 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       if (has_b) {
         pv_ss<Cfg>(o, p_box_b, T::stage_box(sbase, sb, 0));  // O_L += P_b V_b[:, L]
         ATTNCC_TRACE(t == 0, 0, pr.pairs, 7);
-        mbarrier_arrive(T::empty_early(sbase, sb));
-        mbarrier_arrive(T::empty_late(sbase, sb));
+        mbarrier_arrive_warp(T::empty_early(sbase, sb));
+        mbarrier_arrive_warp(T::empty_late(sbase, sb));
       }
     } else {
       // WG1's steps, in either order below
@@ -190,7 +190,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
           if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
         }
         fence_async_shared();
-        mbarrier_arrive(T::p_b(sbase));  // P_B
+        mbarrier_arrive_warp(T::p_b(sbase));  // P_B
         ATTNCC_TRACE(t == 0, 1, pr.pairs, 4);
       };
       auto pv_a = [&]() {  // O_R += P_a V_a[:, R], then stage a's late boxes released
@@ -198,13 +198,13 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         ATTNCC_TRACE(t == 0, 1, pr.pairs, 5);
         pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kOut));
         ATTNCC_TRACE(t == 0, 1, pr.pairs, 6);
-        mbarrier_arrive(T::empty_late(sbase, sa));
+        mbarrier_arrive_warp(T::empty_late(sbase, sa));
       };
       auto pv_b = [&]() {  // O_R += P_b V_b[:, R], then stage b's late boxes released
         if (has_b) {
           pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kOut));
           ATTNCC_TRACE(t == 0, 1, pr.pairs, 7);
-          mbarrier_arrive(T::empty_late(sbase, sb));
+          mbarrier_arrive_warp(T::empty_late(sbase, sb));
         }
       };
       ATTNCC_TRACE(t == 0, 1, pr.pairs, 0);

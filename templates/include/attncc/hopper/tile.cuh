@@ -44,9 +44,20 @@ __device__ __forceinline__ void row_limits(const CtaWork<Cfg>& w, const Frag& f,
   }
 }
 
+// Whether some box of [from, to) is one the consumers fence (traits.cuh: consumer_fences).
+template <class Cfg>
+__host__ __device__ constexpr bool fences_some(int from, int to) {
+  for (int b = from; b < to; ++b)
+    if (consumer_fences<Cfg>(b)) return true;
+  return false;
+}
+
 // S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed;
 // q: the warp group's 64 rows in the Q tile's first box. trace_slot: the warp group's trace slot
-// (core/trace.cuh: event 1, every box landed), -1 for none.
+// (core/trace.cuh: event 1, every box landed), -1 for none. The boxes the consumers fence
+// (consumer_fences: a cp.async plan's 16-bit boxes) are waited for a group of the stage at a time,
+// as its first box is reached, and fenced once (a fence is a MEMBAR.ALL.CTA; the producer issues
+// a group's copies together); crossover: each box as it comes (the peer's stores arrive pair by pair).
 template <class Cfg>
 __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity, int trace_slot = -1) {
   using T = HopperTraits<Cfg>;
@@ -56,10 +67,17 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbas
     constexpr int box = decltype(i)::value;
     if constexpr (T::kCrossover) {
       mbarrier_wait_cluster(T::full(sbase, stage, box), parity);  // the peer's stores too
+      fence_async_shared();
     } else {
-      mbarrier_wait(T::full(sbase, stage, box), parity);
+      if constexpr (box == 0 || box == T::kEarly) {  // a group's first box: its fenced boxes, one fence
+        constexpr int kEnd = box == 0 ? T::kEarly : T::kBoxes;
+        static_for<kEnd - box>([&](auto j) {
+          if constexpr (consumer_fences<Cfg>(box + decltype(j)::value)) mbarrier_wait(T::full(sbase, stage, box + decltype(j)::value), parity);
+        });
+        if constexpr (fences_some<Cfg>(box, kEnd)) fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
+      }
+      if constexpr (!consumer_fences<Cfg>(box)) mbarrier_wait(T::full(sbase, stage, box), parity);
     }
-    fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
 #pragma unroll
     for (int kk = 0; kk < kBoxCols / 16; ++kk) {
       const uint64_t qd = desc_k_major(q, T::kQBoxBytes, box * kBoxCols + 16 * kk), kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);

@@ -63,6 +63,27 @@ __host__ __device__ constexpr bool fp8_pairs_in_groups(int early) {
   return true;
 }
 
+// Whether a TMA plan's producer fences the tiles it copies by cp.async itself (produce.cuh:
+// TileTokens::issue_boxes): those are its rare tiles (a sequence's partial last tile, a bad page
+// number), every other tile lands through the async proxy (TMA), so its consumers need no fence.
+template <class Cfg>
+__host__ __device__ constexpr bool producer_fences_cp_async() {
+  return Cfg::kTmaRows > 0 && !Cfg::kCrossover;
+}
+
+// Whether the consumers fence box `box` to the async proxy after its FULL wait (tile.cuh: scores):
+// only where its writer could not. An fp8 box is stored converted by the producer, which fences
+// before it arrives (produce.cuh: convert_pair); a TMA plan's boxes land through the async proxy
+// or are fenced by the producer (above); a 16-bit box of a cp.async plan is counted on FULL when
+// its copies land, with no thread of the producer between them and the consumers' wgmma. Crossover:
+// every box (the peer's st.async stores as well).
+template <class Cfg>
+__host__ __device__ constexpr bool consumer_fences(int box) {
+  if (Cfg::kCrossover) return true;
+  if (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) return false;
+  return !producer_fences_cp_async<Cfg>();
+}
+
 // Where a role is in its stream of tiles, across the pieces it walks: per stage the parity of
 // the tiles it has held (bit s: the phase its barriers are in; a bit mask, not an array, which a
 // runtime stage index would put on the stack) and the pairs so far (seesaw: pair i is in the

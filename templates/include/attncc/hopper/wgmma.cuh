@@ -24,16 +24,27 @@ __host__ __device__ constexpr uint32_t sw128(int row, int chunk) {
 
 // The 64-bit shared-memory matrix descriptor: start address, leading and stride byte offsets
 // (all >> 4, 14 bits each), base offset 0 (1024-byte aligned atoms), swizzle mode 1 = 128B.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+__host__ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// The descriptor of an operand `bytes` (a multiple of 16) past the one `d` describes: its start
+// address field (bits 0-13, address >> 4) advanced. A shared-memory address stays below 2^18
+// (228 KB), so the sum carries nowhere and one 32-bit add of the low word does it: a tile's
+// descriptor is built once (desc_sw128's masks and shifts) and each k-step's is that plus a
+// constant, not the masks and shifts again (ptxas does not fold them: ~8 uniform instructions
+// a wgmma).
+__host__ __device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(d) + (bytes >> 4);
+  return (d & 0xFFFFFFFF00000000ull) | lo;
 }
 
 // K-major operand of R rows x 16 columns at column k0 (a multiple of 16) of a 128B-swizzled
 // row of 64-column tiles, `tile_bytes` apart: stride 8 rows = 1024 bytes; the leading offset is
 // unused for swizzled K-major layouts (1 by the PTX table).
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t tile0, int tile_bytes, int k0) {
-  return desc_sw128(tile0 + (k0 / 64) * tile_bytes + (k0 % 64) * 2, 16, 1024);
+  return desc_plus(desc_sw128(tile0, 16, 1024), (k0 / 64) * tile_bytes + (k0 % 64) * 2);
 }
 
 // N-major operand of 16 rows (K) from row k0 x N columns, in tiles of 64 columns `tile_bytes`
@@ -41,7 +52,7 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t tile0, int tile_bytes,
 // tile) and the stride along K (8 rows -> the next 8: 1024 bytes); measured on the H200 by
 // tests/test_wgmma.py, which also shows the other reading wrong.
 __device__ __forceinline__ uint64_t desc_n_major(uint32_t tile0, int tile_bytes, int k0) {
-  return desc_sw128(tile0 + k0 * 128, tile_bytes, 1024);
+  return desc_plus(desc_sw128(tile0, tile_bytes, 1024), k0 * 128);
 }
 
 // The same with both offsets given (the test's sweep of the two readings of the PTX tables).
