@@ -42,7 +42,9 @@
 //   arrives FLAGS[stage] (release: the consumers' wait acquires them);
 //   per box, in the stage's order (traits.cuh): its cp.async, then cp.async.mbarrier.arrive on
 //   FULL[stage][box], which completes when the copies of every producer thread have landed.
-// The consumers fence the boxes to the async proxy (wgmma) after their FULL wait.
+// The consumers fence the boxes to the async proxy (wgmma) after their FULL wait (crossover: the
+// producer fences what it stored or landed before its arrivals, and the peer's st.async bytes
+// complete the FULL's transactions: the consumers do not fence, as FlashMLA's crossover).
 #pragma once
 
 #include <type_traits>
@@ -403,6 +405,7 @@ struct TileTokens {
           const uint32_t at = dst + sw128(row(p, k), p % 8);
           st_async_16(peer + (at - sbase), lds128(at), peer + (full - sbase));
         }
+        fence_async_shared();  // the landed copies (generic proxy) before wgmma reads them: the consumers do not fence
         arrive_full(full, p);
       }
     });
@@ -524,7 +527,7 @@ struct TmaTile {
 // (its first phase at the first use), EMPTY once per release (its first at the second use).
 __device__ __forceinline__ void peer_free(uint32_t bar, uint32_t sbase, int parity, int p) {
   if (p == 0) mbarrier_arrive_peer(peer_base(sbase) + (bar - sbase));
-  mbarrier_wait_cluster(bar, parity ^ 1);
+  mbarrier_wait(bar, parity ^ 1);
 }
 
 // A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the

@@ -54,12 +54,11 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbas
   fence();
   static_for<T::kBoxes>([&](auto i) {
     constexpr int box = decltype(i)::value;
-    if constexpr (T::kCrossover) {
-      mbarrier_wait_cluster(T::full(sbase, stage, box), parity);  // the peer's stores too
-    } else {
-      mbarrier_wait(T::full(sbase, stage, box), parity);
-    }
-    fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
+    mbarrier_wait(T::full(sbase, stage, box), parity);  // crossover: the peer's stores too
+#ifndef ATTNCC_XO_CONSUMER_FENCE  // (an experiment's switch: consumers fence crossover boxes too)
+    if constexpr (!T::kCrossover)
+#endif
+      fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
 #pragma unroll
     for (int kk = 0; kk < kBoxCols / 16; ++kk) {
       const uint64_t qd = desc_k_major(q, T::kQBoxBytes, box * kBoxCols + 16 * kk), kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);
