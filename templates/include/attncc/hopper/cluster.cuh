@@ -58,6 +58,11 @@ __device__ __forceinline__ void mbarrier_arrive_peer(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+// The same, `count` arrivals at once (a warp's, by one lane).
+__device__ __forceinline__ void mbarrier_arrive_peer(uint32_t bar, int count) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
 // Every thread of the cluster arrives (release) and waits for all the others (acquire).
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");

@@ -234,8 +234,13 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
   using T = HopperTraits<Cfg>;
   for (int s = 0; s < T::kStages; ++s) {
     for (int b = 0; b < T::kBoxes; ++b) mbarrier_init(T::full(sbase, s, b), kGroupThreads);
-    mbarrier_init(T::empty_early(sbase, s), (T::kSeesaw ? 1 : 2) * kGroupThreads);  // seesaw: WG0; stacked: both
-    mbarrier_init(T::empty_late(sbase, s), 2 * kGroupThreads);
+#ifdef ATTNCC_DIRECT_RELEASE
+    constexpr int kCtas = T::kCrossover ? 2 : 1;  // experiment (tile.cuh release_stage): the peer's consumers arrive here too
+#else
+    constexpr int kCtas = 1;
+#endif
+    mbarrier_init(T::empty_early(sbase, s), kCtas * (T::kSeesaw ? 1 : 2) * kGroupThreads);  // seesaw: WG0; stacked: both
+    mbarrier_init(T::empty_late(sbase, s), kCtas * 2 * kGroupThreads);
     mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
   }
   for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase)}) mbarrier_init(bar, kGroupThreads);

@@ -547,12 +547,16 @@ __device__ __forceinline__ void issue_stage(const Tile& tile, const From& from, 
   static_assert(Tile::issues_ahead() && T::kEarly < T::kBoxes, "a tile whose copies are issued before any conversion");
   ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
   mbarrier_wait(T::empty_early(sbase, stage), parity);
+#ifndef ATTNCC_DIRECT_RELEASE  // (experiment: the peer's consumers arrived on EMPTY itself)
   if constexpr (T::kCrossover) peer_free(T::peer_free_early(sbase, stage), sbase, parity, p);
+#endif
   ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
   tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
   tile.template issue_boxes<0, T::kEarly>(from, sbase, stage, head, p);
   mbarrier_wait(T::empty_late(sbase, stage), parity);
+#ifndef ATTNCC_DIRECT_RELEASE  // (experiment: the peer's consumers arrived on EMPTY itself)
   if constexpr (T::kCrossover) peer_free(T::peer_free_late(sbase, stage), sbase, parity, p);
+#endif
   ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
   tile.template issue_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 3);

@@ -44,6 +44,22 @@ __device__ __forceinline__ void row_limits(const CtaWork<Cfg>& w, const Frag& f,
   }
 }
 
+// A consumer thread's release of a stage's group of boxes (its EMPTY early or late, `bar`).
+// Experiment (ATTNCC_DIRECT_RELEASE, crossover): each warp's lane 0 also arrives for its 32
+// threads on the peer's EMPTY, so that each producer's EMPTY wait covers both CTAs' consumers and
+// the PEER_FREE hop goes (FlashMLA's consumers release both CTAs' buffers so). Session 30 measured
+// it at 1.00 with the cluster-scope arrivals (a MEMBAR.ALL.GPU each); CTA scope here.
+template <class Cfg>
+__device__ __forceinline__ void release_stage(uint32_t bar, uint32_t sbase) {
+  mbarrier_arrive(bar);
+#ifdef ATTNCC_DIRECT_RELEASE
+  if constexpr (HopperTraits<Cfg>::kCrossover) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbarrier_arrive_peer(peer_base(sbase) + (bar - sbase), 32);
+  }
+#endif
+}
+
 // S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed;
 // q: the warp group's 64 rows in the Q tile's first box. trace_slot: the warp group's trace slot
 // (core/trace.cuh: event 1, every box landed), -1 for none.
