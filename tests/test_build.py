@@ -316,3 +316,29 @@ def test_progress_line_reports_failure(tmp_path, capsys, monkeypatch):
 def test_no_progress_when_disabled(tmp_path, capsys):
     compile_source(small_plan(), tmp_path, "sm80", progress=False)
     assert "attncc: building" not in capsys.readouterr().err
+
+
+def test_crossover_barriers_are_cta_scope_and_its_consumers_do_not_fence(tmp_path):
+    """The crossover plan's remote arrivals and waits at CTA scope (the cluster-scope forms compile
+    to MEMBAR.ALL.GPU and an L1 invalidation, CCTL.IVALL, each time: hopper/cluster.cuh), and its
+    consumers issuing no proxy fence for a crossover box: in the PTX of the sparse example (a
+    crossover plan) no `.release.cluster` / `.acquire.cluster` mbarrier operation, remote arrivals
+    present, and fewer proxy fences than the same spec without `crossover` issues."""
+    def ptx(text: str) -> str:
+        plan = compile_quiet(text).plan
+        source = tmp_path / f"{plan.name}_{plan.config.crossover}.cu"
+        source.write_text(attncc.render.render(plan))
+        out = source.with_suffix(".ptx")
+        result = subprocess.run([str(attncc.build.nvcc()), "-std=c++17", "-ptx", "-gencode=arch=compute_90a,code=compute_90a",
+                                 "-I", str(attncc.render.INCLUDE_DIR), str(source), "-o", str(out)],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return out.read_text()
+
+    text = (REPO / "examples" / "mla_fp8_sparse.attn").read_text()
+    crossover = ptx(text)
+    assert compile_quiet(text).plan.config.crossover
+    assert "mbarrier.arrive.shared::cluster.b64" in crossover
+    assert not re.search(r"mbarrier\.\S*(release|acquire)\.cluster", crossover)
+    alone = ptx(without_crossover(text, "mla_fp8_sparse_alone"))
+    assert crossover.count("fence.proxy.async") < alone.count("fence.proxy.async")

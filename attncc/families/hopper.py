@@ -105,8 +105,7 @@ class HopperConfig(KernelConfig):
     q_off: int                # shared-memory regions, bytes from the base (1024-aligned tiles)
     kv_off: int
     bar_off: int              # mbarriers: FULL[stage][box], EMPTY early/late[stage], FLAGS[stage],
-                              # then the consumers' handoffs MAX_A, P_B, P_A (crossover: then
-                              # PEER_FREE early/late[stage])
+                              # then the consumers' handoffs MAX_A, P_B, P_A
     flags_off: int            # per stage: tile_n bytes (token without a slot), then 4 words (any)
     flags_pitch: int
     rows_off: int             # row state: m, c_a, c_b, l of each warp group (floats per row)
@@ -293,7 +292,7 @@ class HopperFamily(Family):
             bar_off = kv_off + stages * kv_tile
             # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs
             # between the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
-            n_bars = stages * boxes + 3 * stages + HANDOFFS + (2 * stages if crossover else 0)
+            n_bars = stages * boxes + 3 * stages + HANDOFFS
             flags_off = -(-(bar_off + n_bars * BARRIER_BYTES) // 16) * 16  # 16-byte loads of the words
             flags_pitch = TILE_N + 16
             rows_off = flags_off + stages * flags_pitch

@@ -55,7 +55,7 @@ struct Config {
   static constexpr int kTileN = 64;  // 64 tokens: a P tile is one box
   static constexpr int kStages = 2;  // 1 set of a pair's 2 stages: a second set (4 x 73728 B) does not fit
   static constexpr int kThreads = 384;  // a producer warp group and two consumer warp groups
-  static constexpr int kSmemBytes = 225184;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
+  static constexpr int kSmemBytes = 225152;  // Q + 2 stages of 9 boxes + barriers <= 232448 B
   static constexpr int kRegisters = 168;  // launch bounds (384 threads, 1 CTA): 168, then setmaxnreg
   static constexpr bool kComputeBound = true;  // a 64-row tile reads each token once for 64 rows
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
@@ -81,14 +81,14 @@ struct Config {
   static constexpr int kQOff = 0;
   static constexpr int kKVOff = 73728;
   static constexpr int kBarOff = 221184;
-  static constexpr int kFlagsOff = 221440;
+  static constexpr int kFlagsOff = 221408;
   static constexpr int kFlagsPitch = 80;
-  static constexpr int kRowsOff = 221600;
-  static constexpr int kWorkOff = 222880;
-  static constexpr int kWalkCOff = 222944;
-  static constexpr int kWalkPOff = 223008;
+  static constexpr int kRowsOff = 221568;
+  static constexpr int kWorkOff = 222848;
+  static constexpr int kWalkCOff = 222912;
+  static constexpr int kWalkPOff = 222976;
   static constexpr int kScaleRecordBytes = 16;  // a token's 4 scales by one 16-byte copy a tile into the stage's records, not a 4-byte copy a box pair
-  static constexpr int kScalesOff = 223136;
+  static constexpr int kScalesOff = 223104;
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kProducerBarrier = 2;
   static constexpr int kBarriers = 3;

@@ -5,8 +5,17 @@
 //   the peer's address:   peer_base(sbase) + offset (the same offset in the peer CTA's shared memory)
 //   a store into the peer: st_async_16(peer dst, 16 bytes, peer FULL): counted on the peer's
 //                          barrier as transaction bytes when they land
-//   an arrival there:     mbarrier_arrive_peer(peer bar) (release, cluster)
-//   waits that see those: mbarrier_wait_cluster (acquire, cluster)
+//   an arrival there:     mbarrier_arrive_peer_warp(peer bar) (a warp's, by one lane; the default
+//                          semantics: release, CTA scope), waited for by the peer's plain mbarrier_wait (acquire, CTA
+//                          scope): CUTLASS's cluster pipelines (ClusterBarrier::arrive(cta_id),
+//                          try_wait.shared::cta) and FlashMLA's crossover do the same. The
+//                          cluster-scope forms compile to MEMBAR.ALL.GPU (an arrival) and
+//                          CCTL.IVALL, an L1 invalidation (a wait): session 13's multicast
+//                          clusters measured 1.585 of a single CTA's time with them, 1.221
+//                          without (bench/RESULTS.md). What the barriers order here is shared
+//                          memory the other side has finished with (a stage released, then
+//                          stored into by the peer) or filled (st.async bytes, counted as
+//                          the barrier's transactions): both completed before the phase does.
 //   the whole cluster:    cluster_sync() (every thread of both CTAs; after the barriers' inits,
 //                          and before a CTA exits, so that no CTA leaves while its peer may still
 //                          write to its shared memory or arrive on its barriers)
@@ -43,21 +52,13 @@ __device__ __forceinline__ void st_async_16(uint32_t dst, const uint4& v, uint32
                : "memory");
 }
 
-// An arrival on a barrier of the peer CTA (a shared::cluster address), releasing this thread's
-// prior accesses at cluster scope.
-__device__ __forceinline__ void mbarrier_arrive_peer(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Spin until phase `parity` of a barrier of this CTA has completed, acquiring at cluster scope
-// what the peer released into it (its stores' bytes, its arrivals).
-__device__ __forceinline__ void mbarrier_wait_cluster(uint32_t bar, int parity) {
+// A warp's 32 arrivals on a barrier of the peer CTA (a shared::cluster address), as one by an
+// elected lane, release at CTA scope (the default; see the top of this file). Whole warps only.
+__device__ __forceinline__ void mbarrier_arrive_peer_warp(uint32_t bar) {
+  __syncwarp();
   asm volatile(
-      "{\n.reg .pred done;\n"
-      "wait:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n}\n" ::"r"(bar),
-      "r"(parity)
+      "{\n.reg .pred lead;\nelect.sync _|lead, 0xffffffff;\n"
+      "@lead mbarrier.arrive.shared::cluster.b64 _, [%0], 32;\n}\n" ::"r"(bar)
       : "memory");
 }
 

@@ -234,17 +234,12 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
   using T = HopperTraits<Cfg>;
   for (int s = 0; s < T::kStages; ++s) {
     for (int b = 0; b < T::kBoxes; ++b) mbarrier_init(T::full(sbase, s, b), kGroupThreads);
-    mbarrier_init(T::empty_early(sbase, s), (T::kSeesaw ? 1 : 2) * kGroupThreads);  // seesaw: WG0; stacked: both
-    mbarrier_init(T::empty_late(sbase, s), 2 * kGroupThreads);
+    constexpr int kCtas = T::kClusterCtas;  // crossover: the peer's consumers release here too (tile.cuh: release_stage)
+    mbarrier_init(T::empty_early(sbase, s), kCtas * (T::kSeesaw ? 1 : 2) * kGroupThreads);  // seesaw: WG0; stacked: both
+    mbarrier_init(T::empty_late(sbase, s), kCtas * 2 * kGroupThreads);
     mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
   }
   for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase)}) mbarrier_init(bar, kGroupThreads);
-  if constexpr (T::kCrossover) {
-    for (int s = 0; s < T::kStages; ++s) {
-      mbarrier_init(T::peer_free_early(sbase, s), 1);  // the peer producer's thread 0
-      mbarrier_init(T::peer_free_late(sbase, s), 1);
-    }
-  }
   fence_mbarrier_init();
 }
 

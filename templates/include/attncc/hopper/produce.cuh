@@ -30,10 +30,15 @@
 // (a converted one) or has landed (a 16-bit one) it also stores into the same place of the
 // peer's box by st.async (DSMEM), counted as transaction bytes on the peer's FULL of the box
 // (convert_pair, share_group). So every fp8 value is converted once per cluster. A producer
-// writes a stage's group only when both CTAs' consumers have released it: after its own EMPTY
-// wait its thread 0 arrives on the peer's PEER_FREE of the group, and it waits for its own
-// PEER_FREE (the peer's EMPTY, passed on) before the copies. A FULL completes with the own
-// producer's 128 arrivals (thread 0's expecting the half box the peer stores) and those bytes.
+// writes a stage's group only when both CTAs' consumers have released it: each consumer warp
+// arrives on its own EMPTY and on the peer's (tile.cuh: release_stage), so one EMPTY wait covers
+// both, as FlashMLA's consumers release both CTAs' buffers. A FULL completes with the own
+// producer's 128 arrivals (thread 0's expecting the half box the peer stores) and those bytes. The
+// producer fences what it stored or landed before its arrivals; the consumers do not fence a
+// crossover box (the peer's st.async bytes complete the FULL's transactions). Every remote
+// arrival and wait is at CTA scope (release / acquire, the defaults): the cluster-scope forms
+// cost a GPU-wide memory barrier an arrival and an L1 invalidation a wait, 0.87 of the time
+// without them (bench/RESULTS.md, session 33).
 // (A bulk copy a box by thread 0 once the producer had stored the group, at a named barrier,
 // measured 1.12 of the time without crossover: bench/RESULTS.md, session 22.)
 //
@@ -44,8 +49,8 @@
 //   FULL[stage][box], which completes when the copies of every producer thread have landed.
 // Where a box's writer cannot fence its stores to the async proxy (wgmma) before FULL counts them
 // (a cp.async plan's 16-bit boxes), the consumers do after their FULL wait (traits.cuh:
-// consumer_fences); the producer fences the fp8 boxes it converts, and a TMA plan's rare cp.async
-// tiles once they have landed.
+// consumer_fences); the producer fences the fp8 boxes it converts, a crossover plan's boxes it
+// shares, and a TMA plan's rare cp.async tiles once they have landed.
 #pragma once
 
 #include <type_traits>
@@ -424,6 +429,7 @@ struct TileTokens {
           const uint32_t at = dst + sw128(row(p, k), p % 8);
           st_async_16(peer + (at - sbase), lds128(at), peer + (full - sbase));
         }
+        fence_async_shared();  // the landed copies (generic proxy) before wgmma reads them: the consumers do not fence
         arrive_full(full, p);
       }
     });
@@ -553,15 +559,6 @@ struct TmaTile {
   }
 };
 
-// crossover: this CTA's group of a stage is free (the producer's EMPTY wait has returned): thread
-// 0 passes that on to the peer's PEER_FREE `bar`, then every thread waits for its own (the peer's
-// group free), `parity` being the EMPTY wait's: PEER_FREE completes once per use of the stage
-// (its first phase at the first use), EMPTY once per release (its first at the second use).
-__device__ __forceinline__ void peer_free(uint32_t bar, uint32_t sbase, int parity, int p) {
-  if (p == 0) mbarrier_arrive_peer(peer_base(sbase) + (bar - sbase));
-  mbarrier_wait_cluster(bar, parity ^ 1);
-}
-
 // A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the
 // tensor maps): each group of boxes after its EMPTY wait (the release of the stage's previous
 // tile), the flags before the early group (stacked: the only one). fp8 tiles without crossover
@@ -579,12 +576,10 @@ __device__ __forceinline__ void issue_stage(const Tile& tile, const From& from, 
   static_assert(Tile::issues_ahead() && T::kEarly < T::kBoxes, "a tile whose copies are issued before any conversion");
   ATTNCC_TRACE(p == 0, 2, trace_slot, 0);
   mbarrier_wait(T::empty_early(sbase, stage), parity);
-  if constexpr (T::kCrossover) peer_free(T::peer_free_early(sbase, stage), sbase, parity, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 1);
   tile.write_flags(smem + T::stage_flags(stage), T::flags_bar(sbase, stage), p);
   tile.template issue_boxes<0, T::kEarly>(from, sbase, stage, head, p);
   mbarrier_wait(T::empty_late(sbase, stage), parity);
-  if constexpr (T::kCrossover) peer_free(T::peer_free_late(sbase, stage), sbase, parity, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 2);
   tile.template issue_boxes<T::kEarly, T::kBoxes>(from, sbase, stage, head, p);
   ATTNCC_TRACE(p == 0, 2, trace_slot, 3);

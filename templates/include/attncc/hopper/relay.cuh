@@ -94,8 +94,8 @@ __device__ __forceinline__ void consume_relay(const AttnccArgs& a, const CtaWork
           mbarrier_arrive_warp(hand);
           scale_rows(o, cx);
           pv_ss<Cfg>(o, p_box, T::stage_box(sbase, st, 0));  // O_L += P_x V_x[:, L] (P from shared: RS measured no faster)
-          mbarrier_arrive_warp(T::empty_early(sbase, st));
-          mbarrier_arrive_warp(T::empty_late(sbase, st));
+          release_stage<Cfg>(T::empty_early(sbase, st), sbase);
+          release_stage<Cfg>(T::empty_late(sbase, st), sbase);
         } else {
           mbarrier_arrive_warp(hand);  // a pair without b: the handoff's phase still turns
         }
@@ -107,7 +107,7 @@ __device__ __forceinline__ void consume_relay(const AttnccArgs& a, const CtaWork
           for (int h = 0; h < 2; ++h) cx[h] = x == 0 ? rs.ca(f.r + 8 * h) : rs.cb(f.r + 8 * h);
           scale_rows(o, cx);
           pv_ss<Cfg>(o, p_box, T::stage_box(sbase, st, T::kOut));  // O_R += P_x V_x[:, R]
-          mbarrier_arrive_warp(T::empty_late(sbase, st));
+          release_stage<Cfg>(T::empty_late(sbase, st), sbase);
         }
       }
     }

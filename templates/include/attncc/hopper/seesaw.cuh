@@ -125,8 +125,8 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       pack_p<Cfg>(s, pa);
       pv_rs<Cfg>(o, pa, T::stage_box(sbase, sa, 0));  // O_L += P_a V_a[:, L]
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 5);
-      mbarrier_arrive_warp(T::empty_early(sbase, sa));
-      mbarrier_arrive_warp(T::empty_late(sbase, sa));
+      release_stage<Cfg>(T::empty_early(sbase, sa), sbase);
+      release_stage<Cfg>(T::empty_late(sbase, sa), sbase);
       mbarrier_wait(T::p_b(sbase), pair);  // P_B
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 6);
 #pragma unroll
@@ -140,8 +140,8 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       if (has_b) {
         pv_ss<Cfg>(o, p_box_b, T::stage_box(sbase, sb, 0));  // O_L += P_b V_b[:, L]
         ATTNCC_TRACE(t == 0, 0, pr.pairs, 7);
-        mbarrier_arrive_warp(T::empty_early(sbase, sb));
-        mbarrier_arrive_warp(T::empty_late(sbase, sb));
+        release_stage<Cfg>(T::empty_early(sbase, sb), sbase);
+        release_stage<Cfg>(T::empty_late(sbase, sb), sbase);
       }
     } else {
       // WG1's steps, in either order below
@@ -198,13 +198,13 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         ATTNCC_TRACE(t == 0, 1, pr.pairs, 5);
         pv_ss<Cfg>(o, p_box_a, T::stage_box(sbase, sa, T::kOut));
         ATTNCC_TRACE(t == 0, 1, pr.pairs, 6);
-        mbarrier_arrive_warp(T::empty_late(sbase, sa));
+        release_stage<Cfg>(T::empty_late(sbase, sa), sbase);
       };
       auto pv_b = [&]() {  // O_R += P_b V_b[:, R], then stage b's late boxes released
         if (has_b) {
           pv_rs<Cfg>(o, pa, T::stage_box(sbase, sb, T::kOut));
           ATTNCC_TRACE(t == 0, 1, pr.pairs, 7);
-          mbarrier_arrive_warp(T::empty_late(sbase, sb));
+          release_stage<Cfg>(T::empty_late(sbase, sb), sbase);
         }
       };
       ATTNCC_TRACE(t == 0, 1, pr.pairs, 0);

@@ -52,12 +52,24 @@ __host__ __device__ constexpr bool fences_some(int from, int to) {
   return false;
 }
 
+// A consumer warp's release of a stage's group of boxes (its EMPTY early or late, `bar`), one
+// arrival for its 32 threads. Crossover: on the peer's EMPTY as well, so that each producer's
+// EMPTY wait covers both CTAs' consumers before it writes into both (FlashMLA's consumers
+// release both CTAs' buffers so; a producer passing the release on to its peer measured 1.05 of
+// this, bench/RESULTS.md session 33).
+template <class Cfg>
+__device__ __forceinline__ void release_stage(uint32_t bar, uint32_t sbase) {
+  mbarrier_arrive_warp(bar);
+  if constexpr (HopperTraits<Cfg>::kCrossover) mbarrier_arrive_peer_warp(peer_base(sbase) + (bar - sbase));
+}
+
 // S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed;
 // q: the warp group's 64 rows in the Q tile's first box. trace_slot: the warp group's trace slot
 // (core/trace.cuh: event 1, every box landed), -1 for none. The boxes the consumers fence
 // (consumer_fences: a cp.async plan's 16-bit boxes) are waited for a group of the stage at a time,
 // as its first box is reached, and fenced once (a fence is a MEMBAR.ALL.CTA; the producer issues
-// a group's copies together); crossover: each box as it comes (the peer's stores arrive pair by pair).
+// a group's copies together); the others each as it comes (crossover's: the peer's stores arrive
+// pair by pair).
 template <class Cfg>
 __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity, int trace_slot = -1) {
   using T = HopperTraits<Cfg>;
@@ -65,19 +77,14 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbas
   fence();
   static_for<T::kBoxes>([&](auto i) {
     constexpr int box = decltype(i)::value;
-    if constexpr (T::kCrossover) {
-      mbarrier_wait_cluster(T::full(sbase, stage, box), parity);  // the peer's stores too
-      fence_async_shared();
-    } else {
-      if constexpr (box == 0 || box == T::kEarly) {  // a group's first box: its fenced boxes, one fence
-        constexpr int kEnd = box == 0 ? T::kEarly : T::kBoxes;
-        static_for<kEnd - box>([&](auto j) {
-          if constexpr (consumer_fences<Cfg>(box + decltype(j)::value)) mbarrier_wait(T::full(sbase, stage, box + decltype(j)::value), parity);
-        });
-        if constexpr (fences_some<Cfg>(box, kEnd)) fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
-      }
-      if constexpr (!consumer_fences<Cfg>(box)) mbarrier_wait(T::full(sbase, stage, box), parity);
+    if constexpr (box == 0 || box == T::kEarly) {  // a group's first box: its fenced boxes, one fence
+      constexpr int kEnd = box == 0 ? T::kEarly : T::kBoxes;
+      static_for<kEnd - box>([&](auto j) {
+        if constexpr (consumer_fences<Cfg>(box + decltype(j)::value)) mbarrier_wait(T::full(sbase, stage, box + decltype(j)::value), parity);
+      });
+      if constexpr (fences_some<Cfg>(box, kEnd)) fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
     }
+    if constexpr (!consumer_fences<Cfg>(box)) mbarrier_wait(T::full(sbase, stage, box), parity);
 #pragma unroll
     for (int kk = 0; kk < kBoxCols / 16; ++kk) {
       const uint64_t qd = desc_k_major(q, T::kQBoxBytes, box * kBoxCols + 16 * kk), kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);

@@ -75,11 +75,13 @@ __host__ __device__ constexpr bool producer_fences_cp_async() {
 // only where its writer could not. An fp8 box is stored converted by the producer, which fences
 // before it arrives (produce.cuh: convert_pair); a TMA plan's boxes land through the async proxy
 // or are fenced by the producer (above); a 16-bit box of a cp.async plan is counted on FULL when
-// its copies land, with no thread of the producer between them and the consumers' wgmma. Crossover:
-// every box (the peer's st.async stores as well).
+// its copies land, with no thread of the producer between them and the consumers' wgmma.
+// Crossover: none; the producer fences what it landed before it shares it (produce.cuh:
+// share_group), and the peer's st.async bytes complete FULL's transactions (FlashMLA's consumers
+// read them so; fencing every box measured 1.014 of this, bench/RESULTS.md session 33).
 template <class Cfg>
 __host__ __device__ constexpr bool consumer_fences(int box) {
-  if (Cfg::kCrossover) return true;
+  if (Cfg::kCrossover) return false;
   if (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) return false;
   return !producer_fences_cp_async<Cfg>();
 }
@@ -146,20 +148,18 @@ struct HopperTraits {
   __device__ static uint32_t max_a(uint32_t base) { return base + kBarOff + 8 * kHandoffs; }
   __device__ static uint32_t p_b(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 1); }
   __device__ static uint32_t p_a(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 2); }
-  // crossover (a 2-CTA cluster, produce.cuh): per stage, PEER_FREE early and late, each
-  // completing when the peer CTA's EMPTY of the same group has (its producer's one arrival)
+  // crossover (a 2-CTA cluster, produce.cuh): no barrier of its own (EMPTY counts both CTAs' consumers)
   static constexpr bool kCrossover = Cfg::kCrossover;
   static constexpr int kClusterCtas = kCrossover ? 2 : 1;  // a cluster: the pair of row blocks
-  __device__ static uint32_t peer_free_early(uint32_t base, int stage) { return base + kBarOff + 8 * (kHandoffs + 3 + stage); }
-  __device__ static uint32_t peer_free_late(uint32_t base, int stage) { return base + kBarOff + 8 * (kHandoffs + 3 + kStages + stage); }
-  static constexpr int kNumBarriers = kHandoffs + 3 + (kCrossover ? 2 * kStages : 0);
+  static constexpr int kNumBarriers = kHandoffs + 3;
 
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(Cfg::kTmaRows == 0 || (Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0 && !Cfg::kSparse),
                 "a TMA copy of a box: a tile of one page (dense)");
   static_assert(kStages >= 2 && (!kSeesaw || kStages % 2 == 0), "the seesaw: pairs of tiles, a pair in two stages");
   static_assert(!Cfg::kRelay || (kSeesaw && kSets == 1 && !Cfg::kCrossover && !Cfg::kValueFirst),
-                "relay: the seesaw's tiles and halves, one set of stages, no crossover (hopper.py)");
+                "relay: the seesaw's tiles and halves, one set of stages, no crossover (hopper.py; crossover with "
+                "the relay measured 1.02 of crossover alone, bench/RESULTS.md session 33)");
   static_assert(kM == (kSeesaw ? 1 : 2) * kGroupRows && kN == 64,
                 "seesaw 64 rows (one wgmma M), stacked 128 (one per consumer warp group) x 64 tokens (a P tile is one box)");
   static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
