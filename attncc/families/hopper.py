@@ -376,8 +376,9 @@ class HopperFamily(Family):
             ("crossover", "`crossover`: clusters of two CTAs (row blocks 2i, 2i + 1 of a kv head, one "
              "query token's rows), each producer converting half of every tile's fp8 tokens and "
              "storing it into the peer's stage too (DSMEM)" if crossover else
-             "not chosen: each CTA converts its tiles' fp8 runs itself (crossover measured slower, "
-             "H200: 1.11-1.18x its time)" if layout.fp8 else "no fp8 run to share"),
+             "not chosen: each CTA converts its tiles' fp8 runs itself (crossover measured 1.01-1.02x "
+             "the relay's time, H100, before its consumers released both CTAs' stages: 0.955 of that)"
+             if layout.fp8 else "no fp8 run to share"),
             ("relay", "chosen: the producer's fp8 conversion sets the pace; WG0 alone computes S and hands P "
              "to WG1 (measured against the seesaw, H200: 0.97-0.996 of its time at b=128; 1.00-1.03 "
              "at b=8)" if relay else
