@@ -36,7 +36,9 @@ class ScalePlan:
 class SourcePlan:
     """A run [seg_lo, seg_lo + width) of one segment, staged into shared memory at column
     smem_col as 16-bit values (fp8 dequantized with its group's scale). In a raw row (fp8
-    records) its bytes sit at raw_offset and its scales at raw_scale_offset."""
+    records) its bytes sit at raw_offset and its scales at raw_scale_offset. copy_bytes: the
+    size of the cp.async copies that read it (16; 8 for an fp8 run whose kv heads' copies sit
+    8 mod 16 bytes apart in a packed record, each 16-byte chunk then copied as two halves)."""
 
     segment: str
     tensor: int
@@ -49,6 +51,7 @@ class SourcePlan:
     smem_col: int
     raw_offset: int
     raw_scale_offset: int
+    copy_bytes: int = 16
 
     @property
     def data_bytes(self) -> int:
@@ -149,10 +152,20 @@ def _sources(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[SourcePlan, .
                                       seg.scale_group, first, count)
             data = pad16((hi - lo) * elt)
             sources.append(SourcePlan(seg.name, tensor, base, head, hi - lo, seg.dtype.name, lo,
-                                      scale, col, raw, raw + data))
+                                      scale, col, raw, raw + data, _copy_bytes(seg, base, head)))
             col += hi - lo
             raw += data + (pad16(scale.count * SCALE_BYTES) if scale else 0)
     return tuple(sources)
+
+
+def _copy_bytes(seg, base: int, head_stride: int) -> int:
+    """The cp.async size of a run at `base` whose kv heads' copies are `head_stride` bytes apart:
+    8 for an fp8 run with more than one copy 8 mod 16 bytes apart (its values and scales: 256
+    e4m3 and 2 fp32 scales make 264 bytes) from a 16-byte aligned first byte, else 16 (the
+    families refuse a run misaligned otherwise, base.misaligned)."""
+    if seg.dtype.is_fp8 and seg.copies > 1 and base % 16 == 0 and head_stride % 16 == 8:
+        return 8
+    return 16
 
 
 def _stores(spec: Spec, tensors: tuple[TensorPlan, ...]) -> tuple[StorePlan, ...]:

@@ -160,6 +160,12 @@ EXTRA = {
 }""",
     "gla_fp8_e5m2": gla("gla_fp8_e5m2", heads=128, kv=2, page=16).replace(
         "latent: bf16[256]", "latent: e5m2[256] scale fp32 per 32"),
+    # fp8 per 128 in a packed GLA record: a kv head's copy is 256 values and 2 scales, 264 bytes,
+    # so head 1's bytes are 8 mod 16 into the record (raw chunks copied in 8-byte halves)
+    "gla_fp8_per128": gla("gla_fp8_per128", heads=128, kv=2, page=3).replace(
+        "latent: bf16[256]", "latent: e4m3[256] scale fp32 per 128"),
+    "gla_fp8_per128_h16": gla("gla_fp8_per128_h16", heads=16, kv=2, page=64, sq=1, causal=False).replace(
+        "latent: bf16[256]", "latent: e5m2[256] scale fp32 per 128"),
     "sparse_fp8_h64": """attention sparse_fp8_h64 {
     heads q = 64, kv = 1
     cache paged(5) {

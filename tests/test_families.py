@@ -296,23 +296,24 @@ def test_mma_sync_takes_16_token_tiles_where_a_deep_ring_of_32_spills():
     assert (gqa.warps, gqa.tile_n, gqa.stages) == (4, 64, 3)
 
 
-@pytest.mark.parametrize("cache, message", [
+@pytest.mark.parametrize("cache, kv, message", [
     # one kv head: the latent's 516 bytes end where the rope starts, off 16; the record is too
-    ("{ latent: e4m3[512] scale fp32 per 512  rope: bf16[64] }",
+    ("{ latent: e4m3[512] scale fp32 per 512  rope: bf16[64] }", 1,
      "segment `latent`: its tokens are 644 bytes apart in cache tensor `cache`: needs 16-byte alignment"),
     # a shared fp8 rope last: every segment starts aligned, the 1092-byte record does not (the
     # call's validation refused every such cache: now the spec says so)
-    ("{ latent: bf16[256]  rope: e4m3[64] shared scale fp32 per 64 }",
+    ("{ latent: bf16[256]  rope: e4m3[64] shared scale fp32 per 64 }", 2,
      "segment `latent`: its tokens are 1092 bytes apart in cache tensor `cache`: needs 16-byte alignment"),
-    # two kv heads of 264 bytes (256 e5m2 and two scales)
-    ("{ latent: e5m2[256] scale fp32 per 128  rope: bf16[64] shared }",
-     "segment `latent`: its copies (one a kv head) are 264 bytes apart in the record: needs 16-byte alignment"),
+    # four kv heads of 260 bytes (256 e5m2 and one scale; a 1168-byte record): not even the
+    # 8-byte halves take them
+    ("{ latent: e5m2[256] scale fp32 per 256  rope: bf16[64] shared }", 4,
+     "segment `latent`: its copies (one a kv head) are 260 bytes apart in the record: needs 16-byte alignment "
+     "(8 for an fp8 segment)"),
 ])
-def test_both_families_say_which_alignment_a_record_misses(cache, message):
+def test_both_families_say_which_alignment_a_record_misses(cache, kv, message):
     """The 16-byte copies need a run's first byte, its tokens' records and (several kv heads)
     its copies 16-byte aligned; the refusal names the one that is not, for both families, at the
     segment (not a head stride where one kv head has no second copy)."""
-    kv = 2 if "shared" in cache else 1
     text = f"""attention al {{
     heads q = {64 * kv}, kv = {kv}
     cache paged(16) {cache}
@@ -323,6 +324,27 @@ def test_both_families_say_which_alignment_a_record_misses(cache, message):
         with pytest.raises(UnsupportedSpec, match=rf"^<string>:3:\d+: no kernel family runs this spec on sm90a: {family}: "
                            + re.escape(message)):
             compile_quiet(text, family=family).plan
+
+
+def test_fp8_copies_8_mod_16_apart_are_copied_in_halves_by_both_families():
+    """A packed GLA record of e4m3 per 128: a kv head's copy is 256 values and 2 scales (264
+    bytes), so head 1's bytes sit 8 mod 16 into the record. Both families take it, copying that
+    run's 16-byte chunks in 8-byte halves (Source::copy_bytes 8, rendered); its other runs, and
+    the same segment in a separate tensor, keep 16-byte copies. mma_sync
+    caps its tiles at 32 tokens there (64 spilled) and says so."""
+    text = EXTRA["gla_fp8_per128"]
+    for family in ("hopper", "mma_sync"):
+        plan = compile_quiet(text, family=family).plan
+        assert {s.segment: s.copy_bytes for s in plan.layout.sources} == {"latent": 8, "rope": 16}
+        source = render(plan)
+        assert re.search(r"^\s+\{0, 0, 264, 256, attncc::Dtype::kE4M3, .* 8\},  // latent$", source, re.M), family
+        assert re.search(r"^\s+\{0, 528, 0, 64, attncc::Dtype::kBF16, .* 16\},  // rope$", source, re.M), family
+    k = compile_quiet(text, family="mma_sync")
+    assert k.plan.config.tile_n == 32
+    assert "fp8 copied in 8-byte halves (kv heads 8 mod 16 bytes apart) in 64 rows: 64 tokens spill" in k.explain()
+    separate = compile_quiet(text.replace("paged(3)", "paged(3) separate")).plan
+    assert {s.copy_bytes for s in separate.layout.sources} == {16}
+    assert {s.copy_bytes for s in compile_quiet(EXTRA["gla_fp8_e5m2"]).plan.layout.sources} == {16}  # per 32: 288 bytes
 
 
 def test_mma_sync_takes_32_row_tiles_where_64_spill():

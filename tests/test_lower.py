@@ -181,7 +181,8 @@ def assert_legal(plan: Plan) -> None:
         assert s.smem_col % 8 == 0 and s.smem_col + s.width <= lay.staged_width
         elem_bytes = 1 if s.dtype in FP8 else 2
         assert s.offset_bytes % 16 == 0
-        assert s.head_stride_bytes % 16 == 0
+        assert s.copy_bytes == 16 or (s.copy_bytes == 8 and s.dtype in FP8)  # 8-byte halves: fp8 runs only
+        assert s.head_stride_bytes % s.copy_bytes == 0
         assert strides[s.tensor] % 16 == 0
         assert (s.width * elem_bytes) % 16 == 0
         if s.dtype in FP8:

@@ -78,16 +78,17 @@ def misaligned(spec: Spec, layout: Layout, src) -> str | None:
     """Why the 16-byte copies of both families cannot take a staged run (layout.SourcePlan)
     where the cache keeps it, or None: its first byte in the record, the distance between two
     tokens' records, or, for a segment with a copy per kv head and more than one kv head, the
-    distance between the copies (with one kv head there is no second copy to misalign)."""
+    distance between the copies (with one kv head there is no second copy to misalign; an fp8
+    run's copies 8 mod 16 apart are copied in 8-byte halves, src.copy_bytes)."""
     tensor = layout.tensors[src.tensor]
     if src.offset_bytes % 16:
         return f"segment `{src.segment}` starts at byte {src.offset_bytes} of the record: needs 16-byte alignment"
     if tensor.token_stride_bytes % 16:
         return (f"segment `{src.segment}`: its tokens are {tensor.token_stride_bytes} bytes apart in cache "
                 f"tensor `{tensor.name}`: needs 16-byte alignment")
-    if spec.heads_kv > 1 and src.head_stride_bytes % 16:
+    if spec.heads_kv > 1 and src.head_stride_bytes % src.copy_bytes:
         return (f"segment `{src.segment}`: its copies (one a kv head) are {src.head_stride_bytes} bytes "
-                "apart in the record: needs 16-byte alignment")
+                "apart in the record: needs 16-byte alignment (8 for an fp8 segment)")
     return None
 
 

@@ -173,7 +173,9 @@ def tokens_cap(spec: Spec, layout: Layout, tile_m: int) -> tuple[int, str] | Non
       a scale per 64 or 128);
     - fp8 records of a 512-wide value and a key of no whole 64-column steps in 64 rows: 32 (8
       bytes at 64: a 32-wide rope, d_k 544; MLA and GLA-2, e5m2 per 64 and e4m3 per 128, groups
-      64 and 96; bf16 and a 64-wide rope build)."""
+      64 and 96; bf16 and a 64-wide rope build);
+    - fp8 copied in 8-byte halves (kv heads' copies 8 mod 16 apart in a packed record) in 64 rows:
+      32 (8 bytes at 64 in the part kernels: GLA-2, e4m3 per 128, h_q 128, page 3)."""
     if not layout.fp8:
         return None
     groups = [s.scale.group for s in layout.sources if s.scale]
@@ -188,6 +190,8 @@ def tokens_cap(spec: Spec, layout: Layout, tile_m: int) -> tuple[int, str] | Non
     if tile_m == 64 and spec.d_v >= 512 and spec.d_k % 64:
         return 32, (f"fp8 records of a 512-wide value and a {spec.d_k}-wide key in 64 rows: 64 "
                     "tokens spill (ptxas)")
+    if tile_m == 64 and any(s.copy_bytes == 8 for s in layout.sources):
+        return 32, "fp8 copied in 8-byte halves (kv heads 8 mod 16 bytes apart) in 64 rows: 64 tokens spill (ptxas)"
     return None
 
 

@@ -33,9 +33,9 @@ struct Config {
   static constexpr int kNumSources = 2;
   static constexpr attncc::Source kSources[kNumSources] = {
       // tensor, offset_bytes, head_stride_bytes, width, dtype, seg_lo, smem_col, raw_offset, raw_scale_offset,
-      // scale: tensor (-1: none), offset_bytes, head_stride_bytes, group, first_group, count
-      {0, 0, 512, 256, attncc::Dtype::kBF16, 0, 0, 0, 512, -1, 0, 0, 0, 0, 0},  // latent
-      {0, 1024, 0, 64, attncc::Dtype::kBF16, 0, 256, 512, 640, -1, 0, 0, 0, 0, 0},  // rope
+      // scale: tensor (-1: none), offset_bytes, head_stride_bytes, group, first_group, count; copy_bytes
+      {0, 0, 512, 256, attncc::Dtype::kBF16, 0, 0, 0, 512, -1, 0, 0, 0, 0, 0, 16},  // latent
+      {0, 1024, 0, 64, attncc::Dtype::kBF16, 0, 256, 512, 640, -1, 0, 0, 0, 0, 0, 16},  // rope
   };
   static constexpr int kStagedWidth = 320;
   static constexpr int kNumKeyRuns = 1;

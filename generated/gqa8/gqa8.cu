@@ -33,9 +33,9 @@ struct Config {
   static constexpr int kNumSources = 2;
   static constexpr attncc::Source kSources[kNumSources] = {
       // tensor, offset_bytes, head_stride_bytes, width, dtype, seg_lo, smem_col, raw_offset, raw_scale_offset,
-      // scale: tensor (-1: none), offset_bytes, head_stride_bytes, group, first_group, count
-      {0, 0, 256, 128, attncc::Dtype::kBF16, 0, 0, 0, 256, -1, 0, 0, 0, 0, 0},  // k
-      {0, 2048, 256, 128, attncc::Dtype::kBF16, 0, 128, 256, 512, -1, 0, 0, 0, 0, 0},  // v
+      // scale: tensor (-1: none), offset_bytes, head_stride_bytes, group, first_group, count; copy_bytes
+      {0, 0, 256, 128, attncc::Dtype::kBF16, 0, 0, 0, 256, -1, 0, 0, 0, 0, 0, 16},  // k
+      {0, 2048, 256, 128, attncc::Dtype::kBF16, 0, 128, 256, 512, -1, 0, 0, 0, 0, 0, 16},  // v
   };
   static constexpr int kStagedWidth = 256;
   static constexpr int kNumKeyRuns = 1;

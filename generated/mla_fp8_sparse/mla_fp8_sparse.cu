@@ -33,9 +33,9 @@ struct Config {
   static constexpr int kNumSources = 2;
   static constexpr attncc::Source kSources[kNumSources] = {
       // tensor, offset_bytes, head_stride_bytes, width, dtype, seg_lo, smem_col, raw_offset, raw_scale_offset,
-      // scale: tensor (-1: none), offset_bytes, head_stride_bytes, group, first_group, count
-      {0, 0, 528, 512, attncc::Dtype::kE4M3, 0, 0, 0, 512, 0, 512, 528, 128, 0, 4},  // latent
-      {0, 528, 128, 64, attncc::Dtype::kBF16, 0, 512, 528, 656, -1, 0, 0, 0, 0, 0},  // rope
+      // scale: tensor (-1: none), offset_bytes, head_stride_bytes, group, first_group, count; copy_bytes
+      {0, 0, 528, 512, attncc::Dtype::kE4M3, 0, 0, 0, 512, 0, 512, 528, 128, 0, 4, 16},  // latent
+      {0, 528, 128, 64, attncc::Dtype::kBF16, 0, 512, 528, 656, -1, 0, 0, 0, 0, 0, 16},  // rope
   };
   static constexpr int kStagedWidth = 576;
   static constexpr int kNumKeyRuns = 1;

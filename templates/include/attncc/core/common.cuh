@@ -50,6 +50,8 @@ __host__ __device__ constexpr int dtype_bytes(Dtype d) { return is_fp8(d) ? 1 : 
 // scale_first_group on, at
 //   tensors[scale_tensor] + (token offset of s) + scale_offset_bytes
 //     + j * (head stride) + ((seg_lo + e) / scale_group) * 4.
+// copy_bytes: the size of the cp.async copies that read the run: 16, or 8 for an fp8 run whose
+// kv heads' copies sit 8 mod 16 bytes apart in a packed record (each 16-byte chunk in two halves).
 struct Source {
   int tensor;
   int offset_bytes;
@@ -66,6 +68,7 @@ struct Source {
   int scale_group;
   int scale_first_group;
   int scale_count;
+  int copy_bytes;
 
   __host__ __device__ constexpr int data_bytes() const { return width * dtype_bytes(dtype); }
   __host__ __device__ constexpr bool has_scale() const { return scale_tensor >= 0; }

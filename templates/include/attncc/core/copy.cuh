@@ -186,7 +186,7 @@ struct TileCopy {
                   } else {
                     d = LaneRow<Rows>(dst, tok, p).at(src.smem_col / 8 + j * kTPT);
                   }
-                  cp_async_16(d, cur.row[u][kI] + j * kTPT * 16, cur.valid[u]);
+                  cp_async_chunk<src.copy_bytes>(d, cur.row[u][kI] + j * kTPT * 16, cur.valid[u]);
                 }
               } else {
                 const char* base = run_base<Cfg, kI>(a, cur.head);
@@ -198,7 +198,7 @@ struct TileCopy {
                   } else {
                     d = dst + Rows::chunk_offset(tok, src.smem_col / 8 + ch);
                   }
-                  cp_async_16(d, base + token_offset<Cfg, src.tensor>(a, max(slot, 0)) + ch * 16, slot >= 0);
+                  cp_async_chunk<src.copy_bytes>(d, base + token_offset<Cfg, src.tensor>(a, max(slot, 0)) + ch * 16, slot >= 0);
                 });
               }
             }

@@ -15,6 +15,23 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
+__device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
+}
+
+// A 16-byte chunk by copies of kBytes (Source::copy_bytes): one, or two 8-byte halves where
+// the source is only 8-byte aligned. The destination is 16-byte aligned either way.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_chunk(uint32_t dst, const char* src, bool valid) {
+  static_assert(kBytes == 16 || kBytes == 8, "a chunk is copied whole or in halves");
+  if constexpr (kBytes == 16) {
+    cp_async_16(dst, src, valid);
+  } else {
+    cp_async_8(dst, src, valid);
+    cp_async_8(dst + 8, src + 8, valid);
+  }
+}
+
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }

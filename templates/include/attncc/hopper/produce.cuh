@@ -86,6 +86,27 @@ __device__ __forceinline__ void cp_async_16_at(uint32_t dst, const char* base, l
       : "memory");
 }
 
+// cp.async of 8 bytes from base + off (zero-filled when !valid), as cp_async_16_at.
+__device__ __forceinline__ void cp_async_8_at(uint32_t dst, const char* base, long long off, bool valid) {
+  asm volatile(
+      "{\n.reg .u64 a;\nadd.s64 a, %1, %2;\ncp.async.ca.shared.global [%0], [a], 8, %3;\n}\n" ::"r"(dst), "l"(base), "l"(off),
+      "r"(valid ? 8 : 0)
+      : "memory");
+}
+
+// A 16-byte chunk at base + off by copies of kBytes (Source::copy_bytes): one, or two 8-byte
+// halves where the run is only 8-byte aligned (an fp8 run's kv head copies 8 mod 16 apart).
+template <int kBytes>
+__device__ __forceinline__ void cp_async_chunk_at(uint32_t dst, const char* base, long long off, bool valid) {
+  static_assert(kBytes == 16 || kBytes == 8, "a chunk is copied whole or in halves");
+  if constexpr (kBytes == 16) {
+    cp_async_16_at(dst, base, off, valid);
+  } else {
+    cp_async_8_at(dst, base, off, valid);
+    cp_async_8_at(dst + 8, base + 8, off, valid);
+  }
+}
+
 // cp.async of the 4 bytes (an fp32 scale) at base + off, zero when !valid.
 __device__ __forceinline__ void cp_async_4_at(uint32_t dst, const char* base, long long off, bool valid) {
   asm volatile(
@@ -383,7 +404,7 @@ struct TileTokens {
         if (c < kMine) cp_async_16_at(record_at(sbase, stage, row(p, c % kMine)), scale_base<Cfg, I>(a, head), at, ok != 0);
       }
 #pragma unroll
-      for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
+      for (int j = 0; j < kMine; ++j) cp_async_chunk_at<src.copy_bytes>(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
     } else if constexpr (one_scale_a_pair<I>()) {
       const char* scales = scale_base<Cfg, I>(a, head) + scale_index<Cfg, I>(first) * 4;
       long long at;
@@ -391,12 +412,12 @@ struct TileTokens {
       lane_token<src.scale_tensor>(c, at, ok);
       if (c < kMine) cp_async_4_at(scale_at + row(p, c % kMine) * 128, scales, at, ok != 0);
 #pragma unroll
-      for (int j = 0; j < kMine; ++j) cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
+      for (int j = 0; j < kMine; ++j) cp_async_chunk_at<src.copy_bytes>(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
     } else {
       const char* scales = scale_base<Cfg, I>(a, head) + scale_index<Cfg, I>(first + c * 16) * 4;
 #pragma unroll
       for (int j = 0; j < kMine; ++j) {
-        cp_async_16_at(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
+        cp_async_chunk_at<src.copy_bytes>(raw_at + row(p, j) * 128, base, off[j][src.tensor], valid[j]);
         cp_async_4_at(scale_at + row(p, j) * 128, scales, off[j][src.scale_tensor], valid[j]);
       }
     }
