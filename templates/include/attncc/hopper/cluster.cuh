@@ -55,11 +55,15 @@ __device__ __forceinline__ void st_async_16(uint32_t dst, const uint4& v, uint32
 // A warp's 32 arrivals on a barrier of the peer CTA (a shared::cluster address), as one by an
 // elected lane, release at CTA scope (the default; see the top of this file). Whole warps only.
 __device__ __forceinline__ void mbarrier_arrive_peer_warp(uint32_t bar) {
+#ifdef ATTNCC_WARP_ARRIVALS
   __syncwarp();
   asm volatile(
       "{\n.reg .pred lead;\nelect.sync _|lead, 0xffffffff;\n"
       "@lead mbarrier.arrive.shared::cluster.b64 _, [%0], 32;\n}\n" ::"r"(bar)
       : "memory");
+#else
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
 }
 
 // Every thread of the cluster arrives (release) and waits for all the others (acquire).
