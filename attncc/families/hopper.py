@@ -89,6 +89,7 @@ class HopperConfig(KernelConfig):
     relay: bool               # the seesaw's halves, but WG0 alone computes S and hands P to WG1 (relay.cuh)
     slots_ahead: bool         # the producer loads the next tile's page numbers / indices a tile ahead
     swap_halves: bool         # fp8 conversion: a raw chunk's halves swapped for the high-first stores (not selected after)
+    group_fence: bool         # fp8 conversion: a group's pairs fenced once, then their FULLs (else a pair at a time)
     consumer_registers: int   # setmaxnreg of the consumer warp groups (relay: of WG0) ...
     wg1_registers: int        # ... relay: of WG1 (else consumer_registers)
     producer_registers: int   # ... and of the producer
@@ -355,6 +356,9 @@ class HopperFamily(Family):
         # nor with two sets of stages (relay.cuh: a handoff's next arrival needs its stage
         # released); and the `seesaw` knob asks for the seesaw itself
         relay = converts and not crossover and stages == PAIR_STAGES and not sched.seesaw
+        # one fence a group of fp8 pairs: not for crossover (a pair's FULLs count its peer stores),
+        # nor the seesaw's producer (72 registers: it spilled holding a group)
+        group_fence = layout.fp8 and not crossover and (relay or not seesaw)
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
             seesaw_why = ("`seesaw`" if sched.seesaw else
@@ -396,6 +400,11 @@ class HopperFamily(Family):
              "for the high-first stores: 4 selects a token, not 10" if relay else
              "not chosen: at the producer's registers the swapped chunk spilled 4-8 bytes (gla_fp8_e5m2, ptxas)"
              if layout.fp8 else "no fp8 run"),
+            ("group_fence", "the producer converts a group's fp8 pairs, then fences once and arrives on "
+             "their FULLs (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair)" if group_fence else
+             "not chosen: crossover fences each pair, whose peer stores count on its FULLs" if crossover else
+             "not chosen: the seesaw's producer (72 registers) spilled 4-8 bytes holding a group "
+             "(ptxas: mla_fp8_per32_page16 and mla_fp8_per128_h64 with `seesaw`)" if layout.fp8 else "no fp8 run"),
             ("slots_ahead", "the next tile's page numbers / indices loaded while the producer fills "
              "this one (a round trip before each tile's copies otherwise)" if converts else
              "not chosen: the producer does not set the pace" + ("" if seesaw else " (stacked)")),
@@ -429,6 +438,7 @@ class HopperFamily(Family):
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
             value_first=converts and not relay, slots_ahead=converts, relay=relay, swap_halves=relay,
+            group_fence=group_fence,
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,

@@ -38,22 +38,6 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar, int count) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar), "r"(count) : "memory");
 }
 
-// A warp's arrivals, one update of the barrier: its threads meet (__syncwarp orders their
-// memory operations before the leader's release), then one lane (elect.sync) arrives for all of
-// them (`each` a thread, 32 each in all): 4 updates of a barrier for a warp group, not 128
-// (FlashMLA's consumers arrive once a warp group). Whole warps only.
-__device__ __forceinline__ void mbarrier_arrive_warp(uint32_t bar, int each = 1) {
-#ifdef ATTNCC_WARP_ARRIVALS
-  __syncwarp();
-  asm volatile(  // elect.sync, not a lane-index test: no lane index kept in a register through the loops
-      "{\n.reg .pred lead;\n.reg .b64 state;\nelect.sync _|lead, 0xffffffff;\n"
-      "@lead mbarrier.arrive.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar), "r"(32 * each)
-      : "memory");
-#else
-  mbarrier_arrive(bar, each);
-#endif
-}
-
 // This thread's arrival is counted when all its cp.async issued so far have landed (noinc:
 // the arrival is one of the `count` the barrier was initialised with).
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {

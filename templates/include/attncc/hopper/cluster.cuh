@@ -5,8 +5,8 @@
 //   the peer's address:   peer_base(sbase) + offset (the same offset in the peer CTA's shared memory)
 //   a store into the peer: st_async_16(peer dst, 16 bytes, peer FULL): counted on the peer's
 //                          barrier as transaction bytes when they land
-//   an arrival there:     mbarrier_arrive_peer_warp(peer bar) (a warp's, by one lane; the default
-//                          semantics: release, CTA scope), waited for by the peer's plain mbarrier_wait (acquire, CTA
+//   an arrival there:     mbarrier_arrive_peer(peer bar) (a thread's; the default semantics:
+//                          release, CTA scope), waited for by the peer's plain mbarrier_wait (acquire, CTA
 //                          scope): CUTLASS's cluster pipelines (ClusterBarrier::arrive(cta_id),
 //                          try_wait.shared::cta) and FlashMLA's crossover do the same. The
 //                          cluster-scope forms compile to MEMBAR.ALL.GPU (an arrival) and
@@ -52,18 +52,10 @@ __device__ __forceinline__ void st_async_16(uint32_t dst, const uint4& v, uint32
                : "memory");
 }
 
-// A warp's 32 arrivals on a barrier of the peer CTA (a shared::cluster address), as one by an
-// elected lane, release at CTA scope (the default; see the top of this file). Whole warps only.
-__device__ __forceinline__ void mbarrier_arrive_peer_warp(uint32_t bar) {
-#ifdef ATTNCC_WARP_ARRIVALS
-  __syncwarp();
-  asm volatile(
-      "{\n.reg .pred lead;\nelect.sync _|lead, 0xffffffff;\n"
-      "@lead mbarrier.arrive.shared::cluster.b64 _, [%0], 32;\n}\n" ::"r"(bar)
-      : "memory");
-#else
+// This thread's arrival on a barrier of the peer CTA (a shared::cluster address), release at CTA
+// scope (the default; see the top of this file).
+__device__ __forceinline__ void mbarrier_arrive_peer(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
 }
 
 // Every thread of the cluster arrives (release) and waits for all the others (acquire).

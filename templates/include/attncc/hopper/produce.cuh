@@ -224,7 +224,7 @@ struct TileTokens {
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, any);
     if (p % 32 == 0) reinterpret_cast<int*>(flags + Cfg::kTileN)[p / 32] = static_cast<int>(ballot);
-    mbarrier_arrive_warp(flags_bar);
+    mbarrier_arrive(flags_bar);
   }
 
   // Boxes [kFrom, kTo) of stage `stage`: this thread's copies of each, then its arrival on the
@@ -284,19 +284,20 @@ struct TileTokens {
       __syncwarp();             // ... and its quarter warp's (one_scale_a_pair: one thread's scale, 8 readers)
     }
   }
-  // Without crossover the group's pairs are converted first, then fenced once and their FULLs
-  // arrived on (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair); crossover fences and
-  // arrives a pair at a time (convert_pair), each pair's peer stores counted on its FULLs.
+  // kGroupFence (hopper.py): the group's pairs are converted first, then fenced once and their
+  // FULLs arrived on (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair); else (crossover,
+  // whose pairs' peer stores count on their FULLs, and the seesaw's 72-register producer) a pair
+  // at a time, in convert_pair.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void convert_landed(uint32_t sbase, int stage, int p) const {
     using T = HopperTraits<Cfg>;
     if constexpr (has_fp8_box(kFrom, kTo)) {
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { convert_pair<decltype(run)::value>(sbase, stage, p, b); });
-      if constexpr (!Cfg::kCrossover) {
+      if constexpr (Cfg::kGroupFence) {
         fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
         static_for<kTo - kFrom>([&](auto i) {
           constexpr int box = kFrom + decltype(i)::value;
-          if constexpr (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) mbarrier_arrive_warp(T::full(sbase, stage, box));
+          if constexpr (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) mbarrier_arrive(T::full(sbase, stage, box));
         });
       }
     }
@@ -476,7 +477,7 @@ struct TileTokens {
   // 16-byte chunks 2 (c % 4) and 2 (c % 4) + 1 of the token's swizzled row. Threads c >= 4 store their high chunk first, so
   // that a quarter warp's stores (one token) fall on all eight 16-byte bank groups at once. The
   // generic-proxy stores are fenced for wgmma before the arrivals on the FULLs (crossover: here, for
-  // the pair; else in convert_landed, for the group).
+  // the pair, unless kGroupFence: then in convert_landed, for the group).
   template <int I>
   __device__ __forceinline__ void convert_pair(uint32_t sbase, int stage, int p, int box) const {
     using T = HopperTraits<Cfg>;
@@ -497,7 +498,6 @@ struct TileTokens {
     __syncwarp();
     const uint32_t dst = T::stage_box(sbase, stage, box + c / 4);
     const bool high_first = c >= 4;
-    const int first = 2 * (c % 4) + (high_first ? 1 : 0);  // the chunk a thread stores first
 #pragma unroll
     for (int j = 0; j < kMine; ++j) {
       const int r = row(p, j);
@@ -506,6 +506,7 @@ struct TileTokens {
       if constexpr (Cfg::kSwapHalves) {
         // the raw chunk's halves swapped before the conversion (4 selects of raw words, not 8 of
         // converted ones and 2 of addresses), so that its first output is the high half's
+        const int first = 2 * (c % 4) + (high_first ? 1 : 0);  // the chunk a thread stores first
         const uint4 w = high_first ? make_uint4(raw[j].z, raw[j].w, raw[j].x, raw[j].y) : raw[j];
         dequant16<src.dtype, Cfg::kElem>(w, scale[j], v_first, v_second);
         at_first = dst + sw128(r, first), at_second = dst + sw128(r, first ^ 1);
@@ -524,7 +525,7 @@ struct TileTokens {
         st_async_16(peer + (at_second - sbase), v_second, peer_full);
       }
     }
-    if constexpr (Cfg::kCrossover) {  // (without: convert_landed, once for the group)
+    if constexpr (!Cfg::kGroupFence) {  // (else convert_landed, once for the group)
       fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
       arrive_full(T::full(sbase, stage, box), p);
       arrive_full(T::full(sbase, stage, box + 1), p);

@@ -91,13 +91,13 @@ __device__ __forceinline__ void consume_relay(const AttnccArgs& a, const CtaWork
           for (int h = 0; h < 2; ++h) l[h] = l[h] * cx[h] + sum[h];
           store_p<Cfg>(p_box, s, f);
           fence_async_shared();  // P (generic proxy) before either group's wgmma reads it
-          mbarrier_arrive_warp(hand);
+          mbarrier_arrive(hand);
           scale_rows(o, cx);
           pv_ss<Cfg>(o, p_box, T::stage_box(sbase, st, 0));  // O_L += P_x V_x[:, L] (P from shared: RS measured no faster)
           release_stage<Cfg>(T::empty_early(sbase, st), sbase);
           release_stage<Cfg>(T::empty_late(sbase, st), sbase);
         } else {
-          mbarrier_arrive_warp(hand);  // a pair without b: the handoff's phase still turns
+          mbarrier_arrive(hand);  // a pair without b: the handoff's phase still turns
         }
       } else {
         mbarrier_wait(hand, pair);

@@ -112,14 +112,14 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         m[h] = m_new;
         if (f.q == 0) rs.set_m(f.r + 8 * h, m_new), rs.set_ca(f.r + 8 * h, ca[h]);
       }
-      mbarrier_arrive_warp(T::max_a(sbase));  // MAX_A
+      mbarrier_arrive(T::max_a(sbase));  // MAX_A
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 3);
       exponentiate<Cfg>(s, m, c, sum);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * ca[h] + sum[h];
       store_p<Cfg>(p_box_a, s, f);  // P_a, at m_a
       fence_async_shared();
-      mbarrier_arrive_warp(T::p_a(sbase));  // P_A
+      mbarrier_arrive(T::p_a(sbase));  // P_A
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 4);
       scale_rows(o, ca);
       pack_p<Cfg>(s, pa);
@@ -190,7 +190,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
           if (f.q == 0) rs.set_m(f.r + 8 * h, m[h]), rs.set_cb(f.r + 8 * h, cb[h]);
         }
         fence_async_shared();
-        mbarrier_arrive_warp(T::p_b(sbase));  // P_B
+        mbarrier_arrive(T::p_b(sbase));  // P_B
         ATTNCC_TRACE(t == 0, 1, pr.pairs, 4);
       };
       auto pv_a = [&]() {  // O_R += P_a V_a[:, R], then stage a's late boxes released

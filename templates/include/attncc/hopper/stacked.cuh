@@ -163,7 +163,7 @@ __device__ __forceinline__ void consume_stacked(const AttnccArgs& a, const CtaWo
     scale_rows(o, r);
     pack_p<Cfg>(s, p);
     pv_rs<Cfg>(o, p, T::stage_box(sbase, st, 0));  // O += P V
-    mbarrier_arrive_warp(T::empty_early(sbase, st), split ? 2 : 1);
+    mbarrier_arrive(T::empty_early(sbase, st), split ? 2 : 1);
   }
 
   // ---- epilogue

@@ -52,15 +52,18 @@ __host__ __device__ constexpr bool fences_some(int from, int to) {
   return false;
 }
 
-// A consumer warp's release of a stage's group of boxes (its EMPTY early or late, `bar`), one
-// arrival for its 32 threads. Crossover: on the peer's EMPTY as well, so that each producer's
+// A consumer thread's release of a stage's group of boxes (its EMPTY early or late, `bar`). Every
+// thread arrives: a warp's arrivals as one by an elected lane after __syncwarp measured no faster
+// (H100, session 34: 0.987-0.998 of its time per thread) and racecheck, which does not follow
+// __syncwarp's ordering into the elected lane's release, reported the other lanes' shared-memory
+// accesses as hazards (72,980 on 4 specs). Crossover: on the peer's EMPTY as well, so that each producer's
 // EMPTY wait covers both CTAs' consumers before it writes into both (FlashMLA's consumers
 // release both CTAs' buffers so; a producer passing the release on to its peer measured 1.05 of
 // this, bench/RESULTS.md session 33).
 template <class Cfg>
 __device__ __forceinline__ void release_stage(uint32_t bar, uint32_t sbase) {
-  mbarrier_arrive_warp(bar);
-  if constexpr (HopperTraits<Cfg>::kCrossover) mbarrier_arrive_peer_warp(peer_base(sbase) + (bar - sbase));
+  mbarrier_arrive(bar);
+  if constexpr (HopperTraits<Cfg>::kCrossover) mbarrier_arrive_peer(peer_base(sbase) + (bar - sbase));
 }
 
 // S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed;
