@@ -88,7 +88,6 @@ class HopperConfig(KernelConfig):
     value_first: bool         # seesaw: WG1 takes O_R += P_a V_a before S_b (stage a free before b lands)
     relay: bool               # the seesaw's halves, but WG0 alone computes S and hands P to WG1 (relay.cuh)
     slots_ahead: bool         # the producer loads the next tile's page numbers / indices a tile ahead
-    swap_halves: bool         # fp8 conversion: a raw chunk's halves swapped for the high-first stores (not selected after)
     group_fence: bool         # fp8 conversion: a group's pairs fenced once, then their FULLs (else a pair at a time)
     consumer_registers: int   # setmaxnreg of the consumer warp groups (relay: of WG0) ...
     wg1_registers: int        # ... relay: of WG1 (else consumer_registers)
@@ -396,10 +395,6 @@ class HopperFamily(Family):
              "before S_b, so stage a's late boxes are free before tile b lands" if converts else
              "not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)" if seesaw else
              "seesaw only"),
-            ("swap_halves", "the relay's producer (its registers) converts a raw chunk with its halves swapped "
-             "for the high-first stores: 4 selects a token, not 10" if relay else
-             "not chosen: at the producer's registers the swapped chunk spilled 4-8 bytes (gla_fp8_e5m2, ptxas)"
-             if layout.fp8 else "no fp8 run"),
             ("group_fence", "the producer converts a group's fp8 pairs, then fences once and arrives on "
              "their FULLs (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair)" if group_fence else
              "not chosen: crossover fences each pair, whose peer stores count on its FULLs" if crossover else
@@ -437,7 +432,7 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
-            value_first=converts and not relay, slots_ahead=converts, relay=relay, swap_halves=relay,
+            value_first=converts and not relay, slots_ahead=converts, relay=relay,
             group_fence=group_fence,
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,

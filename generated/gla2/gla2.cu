@@ -65,7 +65,6 @@ struct Config {
   static constexpr bool kValueFirst = false;  // seesaw only
   static constexpr bool kRelay = false;  // seesaw only
   static constexpr bool kSlotsAhead = false;  // not chosen: the producer does not set the pace (stacked)
-  static constexpr bool kSwapHalves = false;  // no fp8 run
   static constexpr bool kGroupFence = false;  // no fp8 run
   static constexpr int kConsumerRegisters = 224;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas); the split mode's merge: 216 spilled
   static constexpr int kWg1Registers = 224;  // as WG0's (both groups run the same code)

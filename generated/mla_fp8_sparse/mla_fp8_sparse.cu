@@ -65,7 +65,6 @@ struct Config {
   static constexpr bool kValueFirst = true;  // the producer's fp8 conversion sets the pace: WG1 takes O_R += P_a V_a before S_b, so stage a's late boxes are free before tile b lands
   static constexpr bool kRelay = false;  // not chosen: `crossover` pairs the seesaw's stages with the peer's
   static constexpr bool kSlotsAhead = true;  // the next tile's page numbers / indices loaded while the producer fills this one (a round trip before each tile's copies otherwise)
-  static constexpr bool kSwapHalves = false;  // not chosen: at the producer's registers the swapped chunk spilled 4-8 bytes (gla_fp8_e5m2, ptxas)
   static constexpr bool kGroupFence = false;  // not chosen: crossover fences each pair, whose peer stores count on its FULLs
   static constexpr int kConsumerRegisters = 216;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas)
   static constexpr int kWg1Registers = 216;  // as WG0's (both groups run the same code)

@@ -500,23 +500,12 @@ struct TileTokens {
     const bool high_first = c >= 4;
 #pragma unroll
     for (int j = 0; j < kMine; ++j) {
+      uint4 lo, hi;
+      dequant16<src.dtype, Cfg::kElem>(raw[j], scale[j], lo, hi);
       const int r = row(p, j);
-      uint4 v_first, v_second;
-      uint32_t at_first, at_second;
-      if constexpr (Cfg::kSwapHalves) {
-        // the raw chunk's halves swapped before the conversion (4 selects of raw words, not 8 of
-        // converted ones and 2 of addresses), so that its first output is the high half's
-        const int first = 2 * (c % 4) + (high_first ? 1 : 0);  // the chunk a thread stores first
-        const uint4 w = high_first ? make_uint4(raw[j].z, raw[j].w, raw[j].x, raw[j].y) : raw[j];
-        dequant16<src.dtype, Cfg::kElem>(w, scale[j], v_first, v_second);
-        at_first = dst + sw128(r, first), at_second = dst + sw128(r, first ^ 1);
-      } else {
-        uint4 lo, hi;
-        dequant16<src.dtype, Cfg::kElem>(raw[j], scale[j], lo, hi);
-        const uint32_t at_lo = dst + sw128(r, 2 * (c % 4)), at_hi = dst + sw128(r, 2 * (c % 4) + 1);
-        at_first = high_first ? at_hi : at_lo, at_second = high_first ? at_lo : at_hi;
-        v_first = high_first ? hi : lo, v_second = high_first ? lo : hi;
-      }
+      const uint32_t at_lo = dst + sw128(r, 2 * (c % 4)), at_hi = dst + sw128(r, 2 * (c % 4) + 1);
+      const uint32_t at_first = high_first ? at_hi : at_lo, at_second = high_first ? at_lo : at_hi;
+      const uint4 v_first = high_first ? hi : lo, v_second = high_first ? lo : hi;
       sts128(at_first, v_first);
       sts128(at_second, v_second);
       if constexpr (Cfg::kCrossover) {  // and into the peer's box (share_group)
