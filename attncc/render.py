@@ -1,6 +1,6 @@
 """Kernel plan → CUDA source, through thin Jinja templates (templates/decode.cu.j2, plan.j2 and
-exports.j2). The algorithm lives in templates/include/attncc/; templates only emit the
-plan's numbers as named constexprs and the launch sequence."""
+exports.j2). The algorithm and the launch sequence live in templates/include/attncc/; templates
+only emit the plan's numbers as named constexprs and the C ABI's exports."""
 from __future__ import annotations
 
 import hashlib
