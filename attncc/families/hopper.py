@@ -398,8 +398,9 @@ class HopperFamily(Family):
             ("group_fence", "the producer converts a group's fp8 pairs, then fences once and arrives on "
              "their FULLs (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair)" if group_fence else
              "not chosen: crossover fences each pair, whose peer stores count on its FULLs" if crossover else
-             "not chosen: the seesaw's producer (72 registers) spilled 4-8 bytes holding a group "
-             "(ptxas: mla_fp8_per32_page16 and mla_fp8_per128_h64 with `seesaw`)" if layout.fp8 else "no fp8 run"),
+             "not chosen: the seesaw's producer (72 registers) spilled 4 bytes holding a group "
+             "(ptxas: mla_fp8_per32_page16, and mla_fp8_crossover without crossover, with `seesaw`)"
+             if layout.fp8 else "no fp8 run"),
             ("slots_ahead", "the next tile's page numbers / indices loaded while the producer fills "
              "this one (a round trip before each tile's copies otherwise)" if converts else
              "not chosen: the producer does not set the pace" + ("" if seesaw else " (stacked)")),
