@@ -199,6 +199,39 @@ def test_deterministic(kernels, name):
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
+def _split_mode_s_q(spec, tile_m=hopper.STACKED_TILE_M, group_rows=64):
+    """The first s_q at which some row block of a kv head holds 64 rows or fewer (the stacked
+    schedule's split mode: its groups take alternate tiles), or None."""
+    group = spec.heads_q // spec.heads_kv
+    return next((s for s in range(1, spec.max_query_len + 1) if 0 < (group * s) % tile_m <= group_rows), None)
+
+
+STACKED_ODD = ["gla2", "gla2_page5", "gla_g96", "gla_fp8_e5m2", "gla_fp8_per128"]  # stacked plans of 3 stages
+
+
+@pytest.mark.parametrize("splits", [4, None])
+@pytest.mark.parametrize("name", STACKED_ODD)
+def test_the_stacked_split_mode_is_deterministic_over_long_sequences(kernels, name, splits):
+    """The stacked schedule's split mode on sequences of 100+ tiles a CTA: with an odd number of
+    stages a stage's consecutive tiles belong to different groups, and a group that took the
+    other's phase for its own read a stage still landing (session 35: GLA-2 s_q 1 differed call
+    to call, up to 0.04, and failed launches at b = 128)."""
+    k = kernels[name]
+    assert k.plan.config.stages % 2 == 1 and not k.plan.config.seesaw, "the case this test is for"
+    s_q = _split_mode_s_q(k.spec)
+    assert s_q is not None
+    rng = random.Random(5)
+    case = testing.random_case(k.spec, [rng.randrange(6000, 8193) for _ in range(16)], s_q, seed=5)
+    runs = []
+    for _ in range(3):
+        _poison(k.spec, 16, s_q)
+        runs.append(_run(k, case, num_splits=splits))
+    for out, lse in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])
+    result = testing.compare(k.spec, case, *runs[0])
+    assert result.ok, str(result)
+
+
 @pytest.mark.parametrize("name", with_families(["mla", "gla2", "mla_fp8_sparse", "mla_page1_h128", "gla_fp8_e5m2",
                                                  "mla_fp8_crossover"]))
 def test_cuda_graph_replay_with_new_inputs(kernels, name):

@@ -16,7 +16,9 @@
 // products. The stream index k of a tile (Progress::tiles) counts across the pieces a CTA walks,
 // which both roles share: stage k % kStages, its barriers' phase the stage's parity bit, and in
 // split mode the reading group k % 2 (a piece-local index would give a stage's consecutive
-// tiles to whichever group, and bench/stage_protocol.py's model of it deadlocks).
+// tiles to whichever group, and a model of it deadlocked). With an odd number of stages a stage's
+// consecutive tiles then belong to different groups: a group waits for the release of the stage's
+// previous tile before its own tile's FULL (the loop below; tests/test_stage_protocol.py models why).
 //
 // Split-mode merge, through the Q tile (both groups are past their last S = Q K^T): each group
 // writes the half of O that the other finishes, and its (m, l); then group g scales and adds
@@ -146,6 +148,13 @@ __device__ __forceinline__ void consume_stacked(const AttnccArgs& a, const CtaWo
     // warp-uniform as the compiler sees it (wgmma under a branch it cannot prove so is serialized)
     const bool mine = __shfl_sync(0xffffffffu, static_cast<int>(take < 0 || (pr.tiles & 1) == take), 0) != 0;
     if (!mine) continue;
+    // Split mode: the stage's last tile was the other group's (an odd number of stages), whose
+    // phases of FULL and FLAGS this group never waited for. A parity wait cannot tell phase n from
+    // n + 2: while that tile is still landing the wait below would return at once and read it. So
+    // first the other group's release of that tile (EMPTY, the phase the producer waited for before
+    // filling this one): then this tile's phases are the next ones. (Without it, GLA-2 s_q 1 gave
+    // different outputs call to call and failed launches at b = 128: bench/RESULTS.md, session 35.)
+    if (split) mbarrier_wait(T::empty_early(sbase, st), parity ^ 1);
     float s[32], mx[2], sum[2], r[2];
     uint32_t p[Cfg::kTileN / 16][4];
     scores<Cfg>(s, q, sbase, st, parity);
