@@ -521,12 +521,14 @@ def _assert_same_bits(k, op_a, op_b, seed):
 
 def _seesaw_of(plan):
     """A relay plan with the seesaw's consumers instead (both groups compute S, WG1's products
-    value first, hopper.py's seesaw registers, a pair's fence at a time): what the lowering chose
+    value first, hopper.py's seesaw registers and its group-fence rule): what the lowering chose
     before the relay."""
     cfg = plan.config
     assert cfg.relay
     return dataclasses.replace(plan, config=dataclasses.replace(
-        cfg, relay=False, value_first=True, group_fence=False, consumer_registers=hopper.CONSUMER_REGISTERS,
+        cfg, relay=False, value_first=True,
+        group_fence=hopper.fences_groups(True, crossover=cfg.crossover, relay=False, seesaw=True),  # (relay: fp8 runs)
+        consumer_registers=hopper.CONSUMER_REGISTERS,
         wg1_registers=hopper.CONSUMER_REGISTERS, producer_registers=hopper.PRODUCER_REGISTERS))
 
 

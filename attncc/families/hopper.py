@@ -80,6 +80,14 @@ HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its war
 SCALE_RECORD_BYTES = 16  # a token's scales of its fp8 run (4 fp32), one copy a tile into the stage's records
 
 
+def fences_groups(fp8: bool, *, crossover: bool, relay: bool, seesaw: bool) -> bool:
+    """The plan's group_fence: the producer converts a group's fp8 pairs, then fences once. Not
+    for crossover (a pair's FULLs count its peer stores), nor the seesaw's producer (72
+    registers: it spilled holding a group). Also what a plan forced into another schedule
+    (tests/test_gpu.py) takes."""
+    return fp8 and not crossover and (relay or not seesaw)
+
+
 @dataclass(frozen=True, kw_only=True)
 class HopperConfig(KernelConfig):
     seesaw: bool              # two consumer warp groups split the output's columns (else stacked:
@@ -355,9 +363,7 @@ class HopperFamily(Family):
         # nor with two sets of stages (relay.cuh: a handoff's next arrival needs its stage
         # released); and the `seesaw` knob asks for the seesaw itself
         relay = converts and not crossover and stages == PAIR_STAGES and not sched.seesaw
-        # one fence a group of fp8 pairs: not for crossover (a pair's FULLs count its peer stores),
-        # nor the seesaw's producer (72 registers: it spilled holding a group)
-        group_fence = layout.fp8 and not crossover and (relay or not seesaw)
+        group_fence = fences_groups(layout.fp8, crossover=crossover, relay=relay, seesaw=seesaw)
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
             seesaw_why = ("`seesaw`" if sched.seesaw else
