@@ -48,9 +48,11 @@ def kernels():
     return compiled
 
 
-def _lengths(spec, batch, rng):
-    P = spec.page_size
-    special = [0, 1, P, P + 1, rng.randrange(2, 4 * P + 2), rng.randrange(700, 2600)]
+def _lengths(k, batch, rng):
+    """batch lengths, the special ones first: 0, 1, a page and one past it, a few pages, a long
+    one (split-KV), then the kernel's KV tile - 1, + 0, + 1; the rest random."""
+    P, T = k.spec.page_size, k.plan.config.tile_n
+    special = [0, 1, P, P + 1, rng.randrange(2, 4 * P + 2), rng.randrange(700, 2600), T - 1, T, T + 1]
     return [special[i] if i < len(special) else rng.randrange(0, 3 * P + 50) for i in range(batch)]
 
 
@@ -70,7 +72,7 @@ def test_matches_reference(kernels, name, batch):
     k = kernels[name]
     rng = random.Random(f"{name}-{batch}")
     for s_q in range(1, k.spec.max_query_len + 1):
-        lengths = _lengths(k.spec, batch, rng)
+        lengths = _lengths(k, batch, rng)
         case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
         _poison(k.spec, batch, s_q)
         out, lse = _run(k, case)
@@ -509,7 +511,7 @@ def _assert_same_bits(k, op_a, op_b, seed):
     forced splits and 7 balanced parts."""
     rng = random.Random(seed)
     for s_q in range(1, k.spec.max_query_len + 1):
-        lengths = _lengths(k.spec, 5, rng)
+        lengths = _lengths(k, 5, rng)
         case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
         for splits in (0, 3, -7):  # chosen, 3 splits, 7 balanced parts
             (a_out, a_lse), (b_out, b_lse) = (
@@ -561,7 +563,7 @@ def test_the_relay_agrees_with_the_seesaw(kernels, name):
     assert seesaw.library().path != k.op.library().path
     rng = random.Random(name)
     for s_q in range(1, k.spec.max_query_len + 1):
-        lengths = _lengths(k.spec, 5, rng)
+        lengths = _lengths(k, 5, rng)
         case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
         for splits in (0, 3, -7):
             (a_out, a_lse), (b_out, b_lse) = (
