@@ -1,7 +1,8 @@
-"""The GPU time of one call, kernel by kernel, of attncc and of FlashMLA on FP8 sparse MLA (GPU).
+"""The GPU time of one call, kernel by kernel, of attncc and of FlashMLA on FP8 sparse MLA, or
+with --dense on dense bf16 MLA (GPU).
 
     python3 bench/kernel_split.py [--hq 128 --sq 2 --topk 2048 --sk 32768 --b 128] [--calls 5]
-                                  [--systems attncc,flashmla]
+                                  [--systems attncc,flashmla] [--dense [--page 64]]
 
 The inputs, the attncc spec and FlashMLA's call are `.peers/sparse_fp8.py`'s (which
 `../shared/tools/peers-prepare` puts there; FlashMLA built by `.peers/build-flashmla.sh` and on
@@ -10,7 +11,10 @@ called a few times to warm up, then `--calls` times eagerly under torch.profiler
 activity), L2 flushed and a spin kernel enqueued before each call; prints each kernel's median
 duration over the calls and the median span from a call's first kernel start to its last
 kernel's end. Eager launches, not graph replay: the durations are the kernels', the span
-includes the gaps between them. (bench/RESULTS.md, sessions 24-25: the combine kernels.)"""
+includes the gaps between them. (bench/RESULTS.md, sessions 24-25: the combine kernels.)
+With --dense the inputs, specs and calls are `.peers/sidebyside.py`'s MLA configuration of the
+same b, h_q, s_q, s_k and page (each system as that script calls it, attncc with k.plan's
+metadata)."""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +42,38 @@ def per_call(events, calls: int):
     return kernels, statistics.median(g[-1][2] - g[0][1] for g in groups)
 
 
+def _sparse_calls(args, dev):
+    """{system: call(inputs)}, the inputs and a title: sparse_fp8.py's FP8 sparse MLA."""
+    try:
+        import sparse_fp8
+    except ImportError as e:
+        raise SystemExit(f"{e}: run ../shared/tools/peers-prepare (it puts sparse_fp8.py into .peers/)") from e
+    inp = sparse_fp8.make_inputs(args.b, args.hq, args.sq, args.topk, args.sk, dev)
+    calls = sparse_fp8.systems(args.systems.split(","), args.hq, args.sq, args.topk)
+    return calls, inp, f"sparse fp8 b={args.b} h_q={args.hq} s_q={args.sq} topk={args.topk} s_k={args.sk}"
+
+
+def _dense_calls(args, dev):
+    """The same for dense bf16 MLA: sidebyside.py's inputs and each system's call as it makes it."""
+    try:
+        import sidebyside as sbs
+    except ImportError as e:
+        raise SystemExit(f"{e}: run ../shared/tools/peers-prepare (it puts sidebyside.py into .peers/)") from e
+    cfg = sbs.Cfg("mla", args.b, args.hq, args.sq, args.sk, args.page)
+    inp = sbs.make_inputs(cfg, dev, 0, False, False)
+    calls = {}
+    for name, system in sbs.load_systems(args.systems.split(","), None).items():
+        if name not in args.systems.split(","):
+            continue
+        why = system.import_error if not system.available else system.unsupported(cfg)
+        if why:
+            print(f"== {name}: skipped ({why})")
+            continue
+        fn = system.prepare(cfg, inp, {})
+        calls[name] = lambda _inp, fn=fn: fn()
+    return calls, inp, f"dense MLA {cfg.name}"
+
+
 def main(argv=None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -50,16 +86,14 @@ def main(argv=None) -> int:
     ap.add_argument("--sk", type=int, default=32768)
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--systems", default="attncc,flashmla")
+    ap.add_argument("--dense", action="store_true", help="dense bf16 MLA on sidebyside.py's inputs")
+    ap.add_argument("--page", type=int, default=64, help="--dense: the page size")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / ".peers"))
-    try:
-        import sparse_fp8
-    except ImportError as e:
-        raise SystemExit(f"{e}: run ../shared/tools/peers-prepare (it puts sparse_fp8.py into .peers/)") from e
     dev = torch.device("cuda")
-    inp = sparse_fp8.make_inputs(args.b, args.hq, args.sq, args.topk, args.sk, dev)
+    calls, inp, what = _dense_calls(args, dev) if args.dense else _sparse_calls(args, dev)
     flush = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    for name, call in sparse_fp8.systems(args.systems.split(","), args.hq, args.sq, args.topk).items():
+    for name, call in calls.items():
         for _ in range(3):
             call(inp)
         torch.cuda.synchronize()
@@ -72,7 +106,7 @@ def main(argv=None) -> int:
         events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                   if e.device_type == torch.autograd.DeviceType.CUDA]
         kernels, span = per_call(events, args.calls)
-        print(f"== {name} b={args.b} h_q={args.hq} s_q={args.sq} topk={args.topk} s_k={args.sk}, {args.calls} eager calls")
+        print(f"== {name} {what}, {args.calls} eager calls")
         for kernel, us in kernels:
             print(f"    {kernel[:96]:96s} {us:8.1f} us")
         print(f"    a call's first kernel start -> last kernel end: {span:.1f} us ({len(kernels)} kernels)")
