@@ -72,6 +72,12 @@ struct Source {
 
   __host__ __device__ constexpr int data_bytes() const { return width * dtype_bytes(dtype); }
   __host__ __device__ constexpr bool has_scale() const { return scale_tensor >= 0; }
+  // The 16-byte copies both families make of the run can take it where the cache keeps it: a
+  // 16-byte aligned first byte, copies of 16 bytes or 8-byte halves (an fp8 run's only) and kv
+  // heads' copies a multiple of the copy apart.
+  __host__ __device__ constexpr bool copies_fit() const {
+    return offset_bytes % 16 == 0 && (copy_bytes == 16 || (copy_bytes == 8 && is_fp8(dtype))) && head_stride_bytes % copy_bytes == 0;
+  }
 };
 
 // Where write_cache stores one segment (the plan's "stores", spec order). Copy j (kv head j; one

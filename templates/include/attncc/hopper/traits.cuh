@@ -32,11 +32,9 @@ __host__ __device__ constexpr bool boxes_filled() {
     if (box_source<Cfg>(b) < 0) return false;
   for (int i = 0; i < Cfg::kNumSources; ++i) {
     const Source& s = Cfg::kSources[i];
-    if (s.smem_col % kBoxCols != 0 || s.width % kBoxCols != 0 || (s.dtype != Cfg::kElem && !is_fp8(s.dtype)) || s.offset_bytes % 16 != 0 ||
-        s.head_stride_bytes % s.copy_bytes != 0 || Cfg::kTokenStride[s.tensor] % 16 != 0)
+    if (s.smem_col % kBoxCols != 0 || s.width % kBoxCols != 0 || (s.dtype != Cfg::kElem && !is_fp8(s.dtype)) || !s.copies_fit() ||
+        Cfg::kTokenStride[s.tensor] % 16 != 0)
       return false;
-    // copies of 16 bytes, or 8-byte halves of an fp8 run's raw chunks (produce.cuh: load_pair)
-    if (s.copy_bytes != 16 && !(s.copy_bytes == 8 && is_fp8(s.dtype))) return false;
     // fp8 (produce.cuh: dequant_pair): pairs of boxes, a 16-value chunk in one scale group
     if (is_fp8(s.dtype) && (s.width % (2 * kBoxCols) != 0 || s.scale_group % 16 != 0 || (s.seg_lo % 16) != 0 || !s.has_scale()))
       return false;

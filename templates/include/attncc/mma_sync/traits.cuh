@@ -16,9 +16,7 @@ template <class Cfg>
 __host__ __device__ constexpr bool check_sources() {
   for (int i = 0; i < Cfg::kNumSources; ++i) {
     const Source s = Cfg::kSources[i];
-    if (s.smem_col % 8 != 0 || s.offset_bytes % 16 != 0 || s.head_stride_bytes % s.copy_bytes != 0) return false;
-    // copies of 16 bytes, or 8-byte halves of an fp8 run's raw chunks (core/copy.cuh)
-    if (s.copy_bytes != 16 && !(s.copy_bytes == 8 && is_fp8(s.dtype))) return false;
+    if (s.smem_col % 8 != 0 || !s.copies_fit()) return false;
     if (s.data_bytes() % 16 != 0 || Cfg::kTokenStride[s.tensor] % 16 != 0) return false;
     if (s.smem_col + s.width > Cfg::kStagedWidth) return false;
     if (is_fp8(s.dtype) != s.has_scale()) return false;
