@@ -61,9 +61,10 @@ def _dense_calls(args, dev):
         raise SystemExit(f"{e}: run ../shared/tools/peers-prepare (it puts sidebyside.py into .peers/)") from e
     cfg = sbs.Cfg("mla", args.b, args.hq, args.sq, args.sk, args.page)
     inp = sbs.make_inputs(cfg, dev, 0, False, False)
+    wanted = args.systems.split(",")
     calls = {}
-    for name, system in sbs.load_systems(args.systems.split(","), None).items():
-        if name not in args.systems.split(","):
+    for name, system in sbs.load_systems(wanted, None).items():
+        if name not in wanted:
             continue
         why = system.import_error if not system.available else system.unsupported(cfg)
         if why:
