@@ -204,7 +204,7 @@ def test_deterministic(kernels, name):
         assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1]), f"s_q {s_q}"
 
 
-def _split_mode_s_q(spec, tile_m=hopper.STACKED_TILE_M, group_rows=64):
+def _split_mode_s_q(spec, tile_m=hopper.STACKED_TILE_M, group_rows=hopper.TILE_M):
     """The first s_q at which some row block of a kv head holds 64 rows or fewer (the stacked
     schedule's split mode: its groups take alternate tiles), or None."""
     group = spec.heads_q // spec.heads_kv
