@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests ab sanitize initcheck host bench peers)
+# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests det ab sanitize initcheck host bench peers)
 # Run from the repo root on the GPU machine with `.whl` (lark) carried, `.attncc_cache` if the
 # libraries were prebuilt here (C-ABI libraries do not depend on the Python version), and for
 # `ab` the `.ab` folder that bench/ab_build.py filled (old_*.so and new_*.so).
@@ -15,9 +15,34 @@ for stage in "$@"; do
     python3 -c "import sysconfig, os, shutil; i = sysconfig.get_paths()['include']; print('Python.h:', os.path.exists(i + '/Python.h'), 'c++:', shutil.which('c++'))"
     /usr/bin/time -f "launcher build %e s" python3 -c "import attncc.launcher as l; print(l.build())" 2>&1 | tail -3 ;;
   tests)
-    echo "== GPU tests (every test marked gpu)"
-    timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+    # every id of the GPU suite, dealt round-robin to JOBS processes side by side (one process
+    # takes ~2x the 420 s a stage can give it; the JIT cache's file locks serialize the builds)
+    jobs=${JOBS:-5}
+    echo "== GPU tests (every test marked gpu), $jobs processes"
+    python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/ 2>/dev/null | grep '::' > "$OUT/gpu_ids.txt"
+    echo "$(wc -l < "$OUT/gpu_ids.txt") tests"
+    for i in $(seq 0 $((jobs - 1))); do
+      awk -v n="$jobs" -v i="$i" 'NR % n == i' "$OUT/gpu_ids.txt" > "$OUT/gpu_ids_$i.txt"
+      # shellcheck disable=SC2046
+      timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider $(cat "$OUT/gpu_ids_$i.txt") \
+        > "$OUT/gpu_tests_$i.log" 2>&1 &
+    done
+    wait
+    for i in $(seq 0 $((jobs - 1))); do echo "process $i: $(tail -1 "$OUT/gpu_tests_$i.log")"; done
+    grep -h '^FAILED\|^ERROR' "$OUT"/gpu_tests_*.log | head -30
     python3 -m attncc.cli test examples/mla_fp8_sparse.attn --trials 4 2>&1 | tail -2 ;;
+  det)
+    # bench/determinism.py, each shape in its own process (a launch failure ends the context):
+    # the stacked split mode (GLA-2 s_q 1: session 35's race) on the shapes that showed it, the
+    # rows mode (s_q 2) as a control, and a seesaw (MLA) shape
+    echo "== determinism: three identical calls, bit for bit, and against the reference"
+    for c in "examples/gla2.attn --sq 1" "examples/gla2.attn --sq 1 --splits 1" "examples/gla2.attn --sq 1 --splits 2" \
+             "examples/gla2.attn --sq 1 --batch 16 --splits 4" "examples/gla2.attn --sq 1 --batch 16" \
+             "examples/gla2.attn --sq 1 --batch 64" "examples/gla2.attn --sq 1 --batch 8 --seqlen 32768" \
+             "examples/gla2.attn --sq 2" "examples/mla.attn --heads 128 --sq 2 --batch 64"; do
+      # shellcheck disable=SC2086
+      timeout 120 python3 bench/determinism.py $c 2>&1 | tail -1
+    done | tee "$OUT/determinism.log" ;;
   ab)
     echo "== same-process A/B, .ab/${AB_A:-old}_* vs .ab/${AB_B:-new}_*"
     for c in "mla examples/mla.attn --heads 128 --sq 2 --seqlen 8192" "mla examples/mla.attn --heads 128 --sq 1 --seqlen 8192" \

@@ -137,6 +137,28 @@ def test_kernel_split_groups_a_profile_into_calls():
         ks.per_call(swapped, 3)
 
 
+def test_determinism_compares_calls_bit_for_bit(capsys):
+    """bench/determinism.py: calls equal bit for bit (a NaN left in both included) are the same;
+    one element off, a NaN in one call only, or a zero's sign are not; without a GPU it says so."""
+    det = load_script(REPO / "bench" / "determinism.py", "attncc_bench_determinism")
+    out = torch.randn(4, 3, dtype=torch.bfloat16)
+    out[1, 2] = float("nan")
+    lse = torch.randn(3, 4)
+    runs = [(out.clone(), lse.clone()) for _ in range(3)]
+    assert det.difference(runs) == (True, 0.0)
+    runs[2][1][0, 1] += 0.25
+    same, diff = det.difference(runs)
+    assert not same and diff == pytest.approx(0.25, abs=1e-6)
+    runs[2][1].copy_(lse)
+    runs[1][0][0, 0] = float("nan")
+    assert det.difference(runs) == (False, float("inf"))
+    zeros = [(torch.zeros(2),), (-torch.zeros(2),)]
+    assert det.difference(zeros) == (False, 0.0)
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="no CUDA device"):
+            det.main([str(REPO / "examples" / "gla2.attn")])
+
+
 def test_build_fuzz_draws_specs_of_the_language():
     """bench/build_fuzz.py's specs (the build fuzz of session 28): each is checked without a bare
     Python error, either accepted with its families asked in turn or refused by a positioned
