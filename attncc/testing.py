@@ -150,6 +150,26 @@ def on_family(path_or_text, family: str):
     return Kernel(check_spec(path_or_text), family)
 
 
+def with_config(plan, overrides):
+    """The plan with fields of its kernel config replaced, each `FIELD=VALUE` (true/false a bool,
+    else an int): a kernel-config choice the lowering did not take, built for an A/B or a trace
+    (bench/ab_build.py, bench/clock_trace.py). An unknown field is refused by name."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(plan.config)}
+    changes = {}
+    for text in overrides:
+        name, eq, value = text.partition("=")
+        if not eq or name not in fields:
+            raise ValueError(f"--config {text!r}: expected FIELD=VALUE with FIELD a field of the "
+                             f"{plan.family} kernel config ({', '.join(sorted(fields))})")
+        try:
+            changes[name] = value == "true" if value in ("true", "false") else int(value)
+        except ValueError:
+            raise ValueError(f"--config {text!r}: VALUE is true, false or an int") from None
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, **changes)) if changes else plan
+
+
 def families_of(path_or_text) -> list[str]:
     """The families that accept the spec (and its schedule) on its target, most preferred
     first: the lowering asked for each in turn."""

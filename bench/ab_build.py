@@ -1,19 +1,32 @@
 """Build the libraries bench/ab.py compares, from one checkout of attncc (CPU, nvcc).
 
-    python3 bench/ab_build.py REPO TAG OUTDIR      # e.g. a worktree of c98427d as `old`, . as `new`
+    python3 bench/ab_build.py REPO TAG OUTDIR [--config FIELD=VALUE ...] [--only NAME,...]
 
-writes OUTDIR/TAG_mla.so (MLA h_q 128), TAG_mla_h64.so, TAG_mla_h16.so, TAG_gla2.so (GLA-2
-h_q 128) and TAG_gla2_seesaw.so (the same with `seesaw`, where REPO has that file), each built by REPO's own lowering and templates; carry OUTDIR to the device."""
+e.g. a worktree of c98427d as `old` and . as `new`, or . twice, once with a kernel-config
+choice the lowering does not take (`--config skip_unmoved=true`, attncc.testing.with_config; a
+configuration whose family's config lacks the field is built as lowered, and says so).
+Writes OUTDIR/TAG_mla.so (MLA h_q 128), TAG_mla_h64.so, TAG_mla_h16.so, TAG_gla2.so (GLA-2
+h_q 128) and TAG_gla2_seesaw.so (the same with `seesaw`, where REPO has that file), each built
+by REPO's own lowering and templates; carry OUTDIR to the device."""
+import argparse
+import dataclasses
 import shutil
 import sys
 import warnings
 from pathlib import Path
 
-repo, tag, out_dir = Path(sys.argv[1]).resolve(), sys.argv[2], Path(sys.argv[3]).resolve()
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("repo", type=Path)
+ap.add_argument("tag")
+ap.add_argument("out_dir", type=Path)
+ap.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE")
+ap.add_argument("--only", help="the configurations to build (names below), comma-separated")
+args = ap.parse_args()
+repo, tag, out_dir = args.repo.resolve(), args.tag, args.out_dir.resolve()
 sys.path.insert(0, str(repo))
 warnings.simplefilter("ignore")
 
-from attncc import bench  # noqa: E402
+from attncc import bench, testing  # noqa: E402
 from attncc.build import compile_source  # noqa: E402
 from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
@@ -23,11 +36,17 @@ CONFIGS = (("mla", "examples/mla.attn", 128, 64), ("mla_h64", "examples/mla.attn
            ("gla2_seesaw", "bench/gla2_seesaw.attn", 128, 64))
 out_dir.mkdir(parents=True, exist_ok=True)
 for name, path, heads, page in CONFIGS:
-    if not (repo / path).exists():
+    if not (repo / path).exists() or (args.only and name not in args.only.split(",")):
         continue
     spec = bench.variant(check_spec(repo / path), heads, page)
+    plan = Kernel(spec).plan
+    fields = {f.name for f in dataclasses.fields(plan.config)}
+    missing = [c for c in args.config if c.partition("=")[0] not in fields]
+    if missing:
+        print(tag, name, f"({plan.family}: no {', '.join(missing)}; built as lowered)")
+    plan = testing.with_config(plan, [c for c in args.config if c not in missing])
     build_dir = out_dir / f"build_{tag}_{name}"
-    library, kernels, _ = compile_source(Kernel(spec).plan, build_dir, progress=False)
+    library, kernels, _ = compile_source(plan, build_dir, progress=False)
     shutil.copy(library, out_dir / f"{tag}_{name}.so")
     shutil.rmtree(build_dir)
     print(tag, name, [(k.function.split("(")[0].split("::")[-1], k.registers) for k in kernels])

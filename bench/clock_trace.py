@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import dataclasses
 import json
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ab  # noqa: E402
-from attncc import bench  # noqa: E402
+from attncc import bench, testing  # noqa: E402
 from attncc.build import LIBRARY, nvcc_command  # noqa: E402
 from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
@@ -65,12 +64,6 @@ def check(call: str, status: int) -> None:
         raise SystemExit(f"{call}: CUDA error {status}")
 
 
-def _field(text: str):
-    """FIELD=VALUE of --config: true/false as bools, else an int."""
-    name, _, value = text.partition("=")
-    return name, value == "true" if value in ("true", "false") else int(value)
-
-
 def gap(start, end):
     """Cycles from one event to another, None if either was not recorded."""
     return None if start is None or end is None else end - start
@@ -99,8 +92,10 @@ def main(argv=None) -> int:
     spec = check_spec(Path(args.spec))
     spec = bench.variant(spec, args.heads or spec.heads_q, args.page or spec.page_size)
     plan = Kernel(spec).plan
-    if args.config:
-        plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, **dict(map(_field, args.config))))
+    try:
+        plan = testing.with_config(plan, args.config)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if plan.family != "hopper" or not plan.config.seesaw:
         raise SystemExit(f"{args.spec}: the trace reads the seesaw's events; this plan is "
                          f"{plan.family}{'' if plan.family != 'hopper' else ' (stacked)'}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests det ab sanitize initcheck host bench peers)
+# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests det ab sanitize initcheck host bench peers sparse)
 # Run from the repo root on the GPU machine with `.whl` (lark) carried, `.attncc_cache` if the
 # libraries were prebuilt here (C-ABI libraries do not depend on the Python version), and for
 # `ab` the `.ab` folder that bench/ab_build.py filled (old_*.so and new_*.so).
@@ -51,7 +51,9 @@ for stage in "$@"; do
              "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 8192" "gla2 examples/gla2.attn --heads 128 --sq 1 --seqlen 8192" \
              "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 32768 --batch 8"; do
       set -- $c; n=$1; shift
-      timeout 150 python3 bench/ab.py "$1" .ab/${AB_A:-old}_$n.so .ab/${AB_B:-new}_$n.so --rounds 21 "${@:2}" 2>&1 | tail -1
+      a=.ab/${AB_A:-old}_$n.so b=.ab/${AB_B:-new}_$n.so
+      [ -f "$a" ] && [ -f "$b" ] || { echo "$n: skipped (no $a or $b: bench/ab_build.py --only)"; continue; }
+      timeout 150 python3 bench/ab.py "$1" "$a" "$b" --rounds 21 "${@:2}" 2>&1 | tail -1
     done | tee "$OUT/ab.log" ;;
   sanitize)
     echo "== compute-sanitizer over every spec (racecheck, memcheck, synccheck: ~90 s on the H200)"
@@ -77,12 +79,26 @@ for stage in "$@"; do
     python3 -m attncc.cli bench examples/gqa8.attn --heads 32 --sq 1 --seqlen 8192 --page 16 2>&1 | tail -2
     python3 bench/host_profile.py examples/mla.attn --batch 1 --seqlen 32768 2>&1 | tail -7 ;;
   peers)
-    # `../shared/tools/peers-prepare` put FlashMLA's source and sidebyside.py into .peers/ (carry it):
-    # attncc and FlashMLA on identical inputs, one reference, CUDA-graph replay (SBS_ARGS: --only ...)
-    echo "== side by side with FlashMLA (.peers/sidebyside.py --graph)"
+    # `../shared/tools/peers-prepare` put FlashMLA's and FA3's sources and sidebyside.py into .peers/
+    # (carry it): attncc and the peers (PEERS, default flashmla; fa3 is GLA's) on identical
+    # inputs, one reference, CUDA-graph replay (SBS_ARGS: --only ...); the builds side by side
+    peers=${PEERS:-flashmla}; path=$PYTHONPATH
+    echo "== side by side with $peers (.peers/sidebyside.py --graph)"
+    case ,$peers, in *,flashmla,*) [ -d /tmp/peers/FlashMLA ] || MAX_JOBS=${MAX_JOBS:-8} bash .peers/build-flashmla.sh 2>&1 | tail -2 & ;; esac
+    case ,$peers, in *,fa3,*) [ -d /tmp/peers/fa/hopper ] || MAX_JOBS=${MAX_JOBS:-8} bash .peers/build-fa3.sh 2>&1 | tail -2 & ;; esac
+    wait
+    case ,$peers, in *,flashmla,*) path=$path:/tmp/peers/FlashMLA ;; esac
+    case ,$peers, in *,fa3,*) path=$path:/tmp/peers/fa/hopper ;; esac
+    PYTHONPATH=$path timeout ${SBS_TIMEOUT:-300} python3 .peers/sidebyside.py --graph \
+      --systems attncc,$peers --json "$OUT/sidebyside.json" ${SBS_ARGS:-} 2>&1 | tee "$OUT/sidebyside.log" | tail -40 ;;
+  sparse)
+    # FP8 sparse MLA beside FlashMLA (.peers/sparse_fp8.py: b = 128, topk 2048, graph replay), the issue's three rows
+    echo "== sparse fp8 beside FlashMLA"
     [ -d /tmp/peers/FlashMLA ] || MAX_JOBS=${MAX_JOBS:-14} bash .peers/build-flashmla.sh 2>&1 | tail -2
-    PYTHONPATH=$PYTHONPATH:/tmp/peers/FlashMLA timeout ${SBS_TIMEOUT:-300} python3 .peers/sidebyside.py --graph \
-      --systems attncc,flashmla --json "$OUT/sidebyside.json" ${SBS_ARGS:-} 2>&1 | tee "$OUT/sidebyside.log" | tail -40 ;;
+    for c in "--hq 128 --sq 2" "--hq 128 --sq 1" "--hq 64 --sq 2"; do
+      # shellcheck disable=SC2086
+      PYTHONPATH=$PYTHONPATH:/tmp/peers/FlashMLA timeout 200 python3 .peers/sparse_fp8.py $c 2>&1 | tail -3
+    done | tee "$OUT/sparse_fp8.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -1,10 +1,10 @@
 """SASS of every spec's kernels from one checkout, and a kernel-by-kernel comparison (CPU).
 
-    python3 bench/sass.py dump REPO OUTDIR         # examples + tests/specs.py, sm_90a and sm_80
+    python3 bench/sass.py dump REPO OUTDIR         # examples + tests/specs.py, on every family that takes each
     python3 bench/sass.py compare OUTDIR_A OUTDIR_B
     python3 bench/sass.py loops LIB_OR_SASS [MIN]  # each kernel's loops and their instruction mix
 
-dump compiles with REPO's own lowering and templates and writes OUTDIR/<spec>-<arch>.sass
+dump compiles with REPO's own lowering and templates and writes OUTDIR/<spec>@<family>-<arch>.sass
 (cuobjdump -sass: the CUDA toolkit's, or the one Triton's wheel carries in
 triton/backends/nvidia/bin; set CUOBJDUMP). compare prints, per kernel (decode, parts,
 combine), whether the instructions are identical and, if not, whether each function's main
@@ -52,19 +52,23 @@ def dump(repo: Path, out: Path) -> None:
 
     tool = cuobjdump()  # before any build
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(name, arch, attncc.compile(text).plan) for name, text in all_specs().items()
-            for arch in ("sm90a", "sm80")]
+    from attncc import testing
+
+    # every family that takes a spec, on the spec's target (the hopper family's sm_90a code
+    # does not assemble for sm_80; the mma_sync family's plans are the ones sm_80 would run)
+    jobs = [(f"{name}@{family}", testing.on_family(text, family).plan) for name, text in all_specs().items()
+            for family in testing.families_of(text)]
 
     def one(job):
-        name, arch, plan = job
-        library, _, _ = compile_source(plan, out / f"build-{name}-{arch}", arch, progress=False)
-        (out / f"{name}-{arch}.sass").write_text(sass_of(library, tool))
-        shutil.rmtree(out / f"build-{name}-{arch}")
-        return name, arch
+        name, plan = job
+        library, _, _ = compile_source(plan, out / f"build-{name}", progress=False)
+        (out / f"{name}-{plan.target}.sass").write_text(sass_of(library, tool))
+        shutil.rmtree(out / f"build-{name}")
+        return f"{name}-{plan.target}"
 
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        for name, arch in pool.map(one, jobs):
-            print(f"{name}-{arch}")
+        for done in pool.map(one, jobs):
+            print(done, flush=True)
 
 
 def kernels(path: Path) -> dict[str, list[list[tuple[int, str]]]]:
