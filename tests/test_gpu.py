@@ -505,13 +505,13 @@ def test_an_out_of_range_sparse_index_is_never_read_and_is_flagged(kernels, name
         k.check()
 
 
-def _assert_same_bits(k, op_a, op_b, seed):
+def _assert_same_bits(k, op_a, op_b, seed, batch=5):
     """Two ops of k's spec give bitwise equal outputs, both right against the reference: every
-    s_q, 5 sequences of special lengths (tokens without a slot), the chosen split count, 3
-    forced splits and 7 balanced parts."""
+    s_q, `batch` sequences of special lengths (tokens without a slot; 9: a long one and the KV
+    tile +- 1 too), the chosen split count, 3 forced splits and 7 balanced parts."""
     rng = random.Random(seed)
     for s_q in range(1, k.spec.max_query_len + 1):
-        lengths = _lengths(k, 5, rng)
+        lengths = _lengths(k, batch, rng)
         case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
         for splits in (0, 3, -7):  # chosen, 3 splits, 7 balanced parts
             (a_out, a_lse), (b_out, b_lse) = (
@@ -546,6 +546,25 @@ def test_crossover_on_and_off_give_the_same_bits(kernels, name):
     off = attncc.compile(without_crossover(text, f"{name}_off"))
     assert off.plan.family == "hopper" and not off.plan.config.crossover and off.plan.config.relay
     _assert_same_bits(k, k.op, op_for(off.spec, _seesaw_of(off.plan), "_seesaw"), name)
+
+
+@pytest.mark.parametrize("name", ["mla", "mla_page1_h128", "gla2_seesaw", "sparse_bf16_h128", "mla_fp8_crossover",
+                                  "mla_fp8_per128_h64~seesaw"])
+def test_skipping_unmoved_rescales_gives_the_same_bits(kernels, name):
+    """skip_unmoved (a warp's rescale of O skipped by a vote where none of its rows moved its
+    max) multiplies by 1 no more: the outputs are bitwise those of the plan that always
+    rescales, on the seesaw's forms (bf16, two sets of stages, sparse, crossover with value
+    first, an fp8 relay plan's seesaw form), with a long sequence among the lengths (rows
+    whose max settles) and forced splits and parts."""
+    base, _, form = name.partition("~")
+    k = kernels[base]
+    plan = _seesaw_of(k.plan) if form else k.plan
+    assert plan.family == "hopper" and plan.config.seesaw and not plan.config.relay, name
+    flipped = "false" if plan.config.skip_unmoved else "true"
+    as_lowered = op_for(k.spec, plan, "_seesaw") if form else k.op
+    other = op_for(k.spec, testing.with_config(plan, [f"skip_unmoved={flipped}"]), f"_{form}_skip_{flipped}")
+    assert other.library().path != as_lowered.library().path
+    _assert_same_bits(k, as_lowered, other, name, batch=9)
 
 
 RELAY = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64", "mla_fp8_per128_h64", "mla_fp8_per32_page16"]

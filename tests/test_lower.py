@@ -23,6 +23,7 @@ from attncc.lower import Plan, UnsupportedSpec
 from attncc.render import render
 from attncc.split import DecodeMetadata, num_splits
 from attncc.target import TARGETS
+from attncc.testing import with_config
 
 from specs import EXTRA, gla, mla
 from support import compile_quiet
@@ -698,6 +699,31 @@ def test_the_fp8_seesaw_is_paced_by_its_producer_and_says_so():
     sets = compile_quiet(EXTRA["gla_fp8_e5m2"] + "\nschedule gla_fp8_e5m2 {\n    seesaw\n}\n")
     assert (sets.plan.config.stages, sets.plan.config.relay, sets.plan.config.value_first) == (4, False, True)
     assert re.search(r"^\s+relay\s+False\s+not chosen: `seesaw` asks for the seesaw", sets.explain(), re.M)
+
+
+def test_skip_unmoved_is_off_until_measured_and_a_config_override_builds_it():
+    """skip_unmoved (the seesaw's rescales of O skipped by a warp vote) is a choice the lowering
+    does not take until an A/B on a GPU says so, and explain says that; relay and stacked plans
+    say why not there. testing.with_config (bench/ab_build.py's and clock_trace.py's --config)
+    turns it on in the rendered config and refuses unknown fields and values by name."""
+    k = compile_quiet(mla(heads=128))
+    seesaw = k.plan
+    assert seesaw.config.seesaw and not seesaw.config.relay and not seesaw.config.skip_unmoved
+    assert re.search(r"^\s+skip_unmoved\s+False\s+not chosen: not measured on a GPU yet", k.explain(), re.M)
+    relay = compile_quiet(EXTRA["sparse_fp8_h128"])
+    assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only; not with the relay", relay.explain(), re.M)
+    stacked = compile_quiet((REPO / "examples" / "gla2.attn").read_text())
+    assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only \(the stacked groups", stacked.explain(), re.M)
+    on = with_config(seesaw, ["skip_unmoved=true", "stages=2"])
+    assert on.config.skip_unmoved and on.config.stages == 2 and on.config.tile_n == seesaw.config.tile_n
+    assert "static constexpr bool kSkipUnmoved = true;" in render(on)
+    assert "static constexpr bool kSkipUnmoved = false;" in render(seesaw)
+    with pytest.raises(ValueError, match="'skip_unmovd=true': expected FIELD=VALUE with FIELD a field of the hopper kernel config"):
+        with_config(seesaw, ["skip_unmovd=true"])
+    with pytest.raises(ValueError, match="'skip_unmoved=yes': VALUE is true, false or an int"):
+        with_config(seesaw, ["skip_unmoved=yes"])
+    with pytest.raises(ValueError, match="expected FIELD=VALUE"):
+        with_config(seesaw, ["skip_unmoved"])
 
 
 CROSSOVER_REFUSALS = [

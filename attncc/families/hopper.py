@@ -95,6 +95,8 @@ class HopperConfig(KernelConfig):
     crossover: bool           # clusters of two CTAs (row blocks 2i, 2i + 1) sharing the fp8 conversion
     value_first: bool         # seesaw: WG1 takes O_R += P_a V_a before S_b (stage a free before b lands)
     relay: bool               # the seesaw's halves, but WG0 alone computes S and hands P to WG1 (relay.cuh)
+    skip_unmoved: bool        # seesaw (not relay): a warp skips a rescale of O where none of its rows moved its
+                              # max (every c = 1, so the same bits), by a vote
     slots_ahead: bool         # the producer loads the next tile's page numbers / indices a tile ahead
     group_fence: bool         # fp8 conversion: a group's pairs fenced once, then their FULLs (else a pair at a time)
     consumer_registers: int   # setmaxnreg of the consumer warp groups (relay: of WG0) ...
@@ -401,6 +403,10 @@ class HopperFamily(Family):
              "before S_b, so stage a's late boxes are free before tile b lands" if converts else
              "not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)" if seesaw else
              "seesaw only"),
+            ("skip_unmoved", "not chosen: not measured on a GPU yet (the same bits by construction and by "
+             "test; a same-process A/B decides: bench/ab_build.py --config skip_unmoved=true)" if seesaw and not relay else
+             "seesaw only; not with the relay (its WG0 spilled 4-16 bytes with the vote, ptxas)" if relay else
+             "seesaw only (the stacked groups spilled 4-16 bytes with the vote, ptxas)"),
             ("group_fence", "the producer converts a group's fp8 pairs, then fences once and arrives on "
              "their FULLs (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair)" if group_fence else
              "not chosen: crossover fences each pair, whose peer stores count on its FULLs" if crossover else
@@ -439,7 +445,7 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
-            value_first=converts and not relay, slots_ahead=converts, relay=relay,
+            value_first=converts and not relay, slots_ahead=converts, relay=relay, skip_unmoved=False,
             group_fence=group_fence,
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,

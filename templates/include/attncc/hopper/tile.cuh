@@ -160,6 +160,13 @@ __device__ __forceinline__ void scale_rows(float (&o)[kAcc], const float (&c)[2]
   }
 }
 
+// scale_rows where a row of the warp moved its max; a warp whose 16 rows all kept theirs (every
+// c == 1, so O c == O bit for bit) skips the 2 kAcc multiplies by a vote.
+template <int kAcc>
+__device__ __forceinline__ void scale_rows_if_moved(float (&o)[kAcc], const float (&c)[2]) {
+  if (__any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f)) scale_rows(o, c);
+}
+
 // P (64 x 64 fp32 accumulator layout) as the A operand of an RS wgmma: k-step kk's registers.
 template <class Cfg>
 __device__ __forceinline__ void pack_p(const float (&p)[32], uint32_t (&a)[Cfg::kTileN / 16][4]) {

@@ -160,6 +160,7 @@ struct HopperTraits {
   static_assert(!Cfg::kRelay || (kSeesaw && kSets == 1 && !Cfg::kCrossover && !Cfg::kValueFirst),
                 "relay: the seesaw's tiles and halves, one set of stages, no crossover (hopper.py; crossover with "
                 "the relay measured 1.02 of crossover alone, bench/RESULTS.md session 33)");
+  static_assert(!Cfg::kSkipUnmoved || (kSeesaw && !Cfg::kRelay), "skip_unmoved: the seesaw's consumers (seesaw.cuh)");
   static_assert(kM == (kSeesaw ? 1 : 2) * kGroupRows && kN == 64,
                 "seesaw 64 rows (one wgmma M), stacked 128 (one per consumer warp group) x 64 tokens (a P tile is one box)");
   static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
