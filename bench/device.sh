@@ -23,9 +23,8 @@ for stage in "$@"; do
     echo "$(wc -l < "$OUT/gpu_ids.txt") tests"
     for i in $(seq 0 $((jobs - 1))); do
       awk -v n="$jobs" -v i="$i" 'NR % n == i' "$OUT/gpu_ids.txt" > "$OUT/gpu_ids_$i.txt"
-      # shellcheck disable=SC2046
-      timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider $(cat "$OUT/gpu_ids_$i.txt") \
-        > "$OUT/gpu_tests_$i.log" 2>&1 &
+      mapfile -t ids < "$OUT/gpu_ids_$i.txt"  # ids as words, unglobbed ([params])
+      timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider "${ids[@]}" > "$OUT/gpu_tests_$i.log" 2>&1 &
     done
     wait
     for i in $(seq 0 $((jobs - 1))); do echo "process $i: $(tail -1 "$OUT/gpu_tests_$i.log")"; done
