@@ -31,6 +31,15 @@ from attncc.build import compile_source  # noqa: E402
 from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
 
+
+def any_family_field(name: str) -> bool:
+    """Whether some family's kernel config has the field (imported here: REPO may predate them)."""
+    from attncc.families.hopper import HopperConfig
+    from attncc.families.mma_sync import MmaSyncConfig
+
+    return any(name == f.name for cls in (HopperConfig, MmaSyncConfig) for f in dataclasses.fields(cls))
+
+
 CONFIGS = (("mla", "examples/mla.attn", 128, 64), ("mla_h64", "examples/mla.attn", 64, 64),
            ("mla_h16", "examples/mla.attn", 16, 64), ("gla2", "examples/gla2.attn", 128, 64),
            ("gla2_seesaw", "bench/gla2_seesaw.attn", 128, 64))
@@ -42,6 +51,8 @@ for name, path, heads, page in CONFIGS:
     plan = Kernel(spec).plan
     fields = {f.name for f in dataclasses.fields(plan.config)}
     missing = [c for c in args.config if c.partition("=")[0] not in fields]
+    if unknown := [c for c in missing if not any_family_field(c.partition("=")[0])]:
+        raise SystemExit(f"--config {', '.join(unknown)}: a field of no family's kernel config")
     if missing:
         print(tag, name, f"({plan.family}: no {', '.join(missing)}; built as lowered)")
     plan = testing.with_config(plan, [c for c in args.config if c not in missing])
