@@ -9,13 +9,15 @@ in random order) through the same AttnccArgs; each round times one call of A and
 goes first. With --spec-b, B is driven by that spec's plan (its split policy and workspace: a
 build of another schedule of the same cache layout, e.g. `seesaw` on or off). Prints the median of each, the ratio, whether the outputs are bitwise equal, and
 each build's outputs checked against attncc.reference on three sequences of the call.
---heads and --page, if given, must be SPEC's own (the libraries are its builds).
+--heads and --page vary SPEC as bench/ab_build.py does; each library must be a build of that
+variant (its TAG_name.json from ab_build, or, without one, SPEC as written).
 Each library is driven through the AttnccArgs of its own ABI version (1, from before strides
 and device flags, or today's), so builds from before a version change can be compared."""
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -110,18 +112,29 @@ def main(argv=None) -> int:
     ap.add_argument("--spec-b", help="B's spec (the same cache layout, another schedule); default SPEC")
     args = ap.parse_args(argv)
 
-    def variant(path):
-        s = check_spec(Path(path))
-        # A.so and B.so are builds of the spec as written: driving them at other heads or another
-        # page size gives timings of garbage (session 20 ran an h_q 128 build at 64 heads)
-        for knob, given, built in (("--heads", args.heads, s.heads_q), ("--page", args.page, s.page_size)):
-            if given is not None and given != built:
-                raise SystemExit(f"{knob} {given}: {path} has {built}, and the libraries are its builds; "
-                                 "write a spec with that value and build both from it")
-        return s
+    def built_as(lib: str):
+        """(h_q, page size) bench/ab_build.py built `lib` with (its TAG_name.json), or None."""
+        sidecar = Path(lib).with_suffix(".json")
+        if not sidecar.exists():
+            return None
+        built = json.loads(sidecar.read_text())
+        return built["heads_q"], built["page_size"]
 
-    spec = variant(args.spec)
-    spec_b = variant(args.spec_b) if args.spec_b else spec
+    def variant(path, libs):
+        s = check_spec(Path(path))
+        want = (args.heads or s.heads_q, args.page or s.page_size)
+        # a library is a build of one variant: driving it at other heads or another page size
+        # gives timings of garbage (session 20 ran an h_q 128 build at 64 heads)
+        for lib in libs:
+            built = built_as(lib) or (s.heads_q, s.page_size)  # without a record: the spec as written
+            if built != want:
+                raise SystemExit(f"{lib} is a build of h_q {built[0]}, page {built[1]}; driven at h_q {want[0]}, "
+                                 f"page {want[1]} ({path} {'varied by --heads/--page' if want != (s.heads_q, s.page_size) else 'as written'}): "
+                                 "build both at the values you drive")
+        return bench.variant(s, *want)
+
+    spec = variant(args.spec, [args.a] if args.spec_b else [args.a, args.b])
+    spec_b = variant(args.spec_b, [args.b]) if args.spec_b else spec
     if (spec_b.heads_q, spec_b.heads_kv, spec_b.page_size, spec_b.d_k, spec_b.d_v) != \
             (spec.heads_q, spec.heads_kv, spec.page_size, spec.d_k, spec.d_v):
         raise SystemExit(f"--spec-b {args.spec_b}: not the layout of {args.spec}")

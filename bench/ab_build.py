@@ -7,9 +7,11 @@ choice the lowering does not take (`--config skip_unmoved=true`, attncc.testing.
 configuration whose family's config lacks the field is built as lowered, and says so).
 Writes OUTDIR/TAG_mla.so (MLA h_q 128), TAG_mla_h64.so, TAG_mla_h16.so, TAG_gla2.so (GLA-2
 h_q 128) and TAG_gla2_seesaw.so (the same with `seesaw`, where REPO has that file), each built
-by REPO's own lowering and templates; carry OUTDIR to the device."""
+by REPO's own lowering and templates, and beside each TAG_name.json (the spec, h_q, page size
+and overrides it was built with, which bench/ab.py checks); carry OUTDIR to the device."""
 import argparse
 import dataclasses
+import json
 import shutil
 import sys
 import warnings
@@ -59,5 +61,8 @@ for name, path, heads, page in CONFIGS:
     build_dir = out_dir / f"build_{tag}_{name}"
     library, kernels, _ = compile_source(plan, build_dir, progress=False)
     shutil.copy(library, out_dir / f"{tag}_{name}.so")
+    # what the library is a build of, for bench/ab.py's check (it drives the spec at these values)
+    (out_dir / f"{tag}_{name}.json").write_text(json.dumps(
+        {"spec": path, "heads_q": heads, "page_size": page, "config": [c for c in args.config if c not in missing]}))
     shutil.rmtree(build_dir)
     print(tag, name, [(k.function.split("(")[0].split("::")[-1], k.registers) for k in kernels])

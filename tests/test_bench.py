@@ -159,6 +159,31 @@ def test_determinism_compares_calls_bit_for_bit(capsys):
             det.main([str(REPO / "examples" / "gla2.attn")])
 
 
+def test_ab_drives_each_library_at_what_it_was_built_as(tmp_path):
+    """bench/ab.py varies the spec by --heads/--page as bench/ab_build.py does, and refuses a
+    library built as another variant (its TAG_name.json), or, without a record, one driven at
+    other values than its spec's (session 20 timed an h_q 128 build at 64 heads)."""
+    import json
+
+    ab = load_script(REPO / "bench" / "ab.py", "attncc_bench_ab_variants")
+    mla = str(REPO / "examples" / "mla.attn")
+    a, b = tmp_path / "old_mla_h64.so", tmp_path / "new_mla_h64.so"
+    for lib in (a, b):
+        lib.with_suffix(".json").write_text(json.dumps({"spec": "examples/mla.attn", "heads_q": 128, "page_size": 64,
+                                                         "config": []}))
+    with pytest.raises(SystemExit, match=r"old_mla_h64.so is a build of h_q 128, page 64; driven at h_q 64, page 64"):
+        ab.main([mla, str(a), str(b), "--heads", "64"])
+    bare_a, bare_b = tmp_path / "a.so", tmp_path / "b.so"
+    with pytest.raises(SystemExit, match=r"a.so is a build of h_q 128, page 64; driven at h_q 128, page 16"):
+        ab.main([mla, str(bare_a), str(bare_b), "--page", "16"])
+    b.with_suffix(".json").write_text(json.dumps({"spec": "examples/mla.attn", "heads_q": 64, "page_size": 64, "config": []}))
+    with pytest.raises(SystemExit, match=r"old_mla_h64.so is a build of h_q 128"):  # A still the wrong one
+        ab.main([mla, str(a), str(b), "--heads", "64"])
+    a.with_suffix(".json").write_text(b.with_suffix(".json").read_text())
+    with pytest.raises(OSError):  # both right: on to loading them (no such files here)
+        ab.main([mla, str(a), str(b), "--heads", "64"])
+
+
 def test_build_fuzz_draws_specs_of_the_language():
     """bench/build_fuzz.py's specs (the build fuzz of session 28): each is checked without a bare
     Python error, either accepted with its families asked in turn or refused by a positioned
