@@ -548,21 +548,34 @@ def test_crossover_on_and_off_give_the_same_bits(kernels, name):
     _assert_same_bits(k, k.op, op_for(off.spec, _seesaw_of(off.plan), "_seesaw"), name)
 
 
-@pytest.mark.parametrize("name", ["mla", "mla_page1_h128", "gla2_seesaw", "sparse_bf16_h128", "mla_fp8_crossover",
-                                  "mla_fp8_per128_h64~seesaw"])
-def test_skipping_unmoved_rescales_gives_the_same_bits(kernels, name):
-    """skip_unmoved (a warp's rescale of O skipped by a vote where none of its rows moved its
-    max) multiplies by 1 no more: the outputs are bitwise those of the plan that always
-    rescales, on the seesaw's forms (bf16, two sets of stages, sparse, crossover with value
-    first, an fp8 relay plan's seesaw form), with a long sequence among the lengths (rows
-    whose max settles) and forced splits and parts."""
+# Kernel-config choices the lowering does not take until a same-process A/B on the device says so
+# (hopper.py's explain says which), each on the plans it would change: (spec[~seesaw], FIELD=VALUE).
+# ~seesaw: an fp8 relay plan's seesaw form (_seesaw_of).
+CHOICES = [
+    # skip_unmoved: a warp's rescale of O skipped where none of its rows moved its max. The seesaw's
+    # forms: bf16, two sets of stages, sparse, crossover with value first, an fp8 seesaw
+    *[(name, "skip_unmoved=true") for name in ("mla", "mla_page1_h128", "gla2_seesaw", "sparse_bf16_h128",
+                                                "mla_fp8_crossover", "mla_fp8_per128_h64~seesaw")],
+    # producer_fences: the producer lands and fences its cp.async 16-bit boxes, the consumers fence
+    # none. cp.async plans: seesaw pages 1 and 16, stacked page 5, sparse bf16, an fp8 relay's rope
+    # box (sparse and dense), a stacked fp8 plan's
+    *[(name, "producer_fences=true") for name in ("mla_page1_h128", "mla_page16", "gla2_page5", "sparse_bf16_h128",
+                                                   "sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],
+]
+
+
+@pytest.mark.parametrize("name,choice", CHOICES, ids=[f"{n}-{c}" for n, c in CHOICES])
+def test_a_config_choice_not_taken_gives_the_same_bits(kernels, name, choice):
+    """Each choice moves work, not sums: the outputs are bitwise those of the plan as lowered, with
+    a long sequence among the lengths (rows whose max settles, many tiles a piece), tokens
+    without a slot, and forced splits and parts."""
     base, _, form = name.partition("~")
     k = kernels[base]
     plan = _seesaw_of(k.plan) if form else k.plan
-    assert plan.family == "hopper" and plan.config.seesaw and not plan.config.relay, name
-    flipped = "false" if plan.config.skip_unmoved else "true"
+    field, _, value = choice.partition("=")
+    assert plan.family == "hopper" and str(getattr(plan.config, field)).lower() != value, (name, "the choice is taken")
     as_lowered = op_for(k.spec, plan, "_seesaw") if form else k.op
-    other = op_for(k.spec, testing.with_config(plan, [f"skip_unmoved={flipped}"]), f"_{form}_skip_{flipped}")
+    other = op_for(k.spec, testing.with_config(plan, [choice]), f"_{form}_{field}_{value}")
     assert other.library().path != as_lowered.library().path
     _assert_same_bits(k, as_lowered, other, name, batch=9)
 

@@ -701,11 +701,13 @@ def test_the_fp8_seesaw_is_paced_by_its_producer_and_says_so():
     assert re.search(r"^\s+relay\s+False\s+not chosen: `seesaw` asks for the seesaw", sets.explain(), re.M)
 
 
-def test_skip_unmoved_is_off_until_measured_and_a_config_override_builds_it():
-    """skip_unmoved (the seesaw's rescales of O skipped by a warp vote) is a choice the lowering
-    does not take until an A/B on a GPU says so, and explain says that; relay and stacked plans
-    say why not there. testing.with_config (bench/ab_build.py's and clock_trace.py's --config)
-    turns it on in the rendered config and refuses unknown fields and values by name."""
+def test_choices_not_taken_until_measured_say_so_and_a_config_override_builds_them():
+    """skip_unmoved (the seesaw's rescales of O skipped by a warp vote) and producer_fences on a
+    cp.async plan (the producer lands and fences its 16-bit boxes) are choices the lowering does
+    not take until an A/B on a GPU says so, and explain says that; relay and stacked plans say
+    why skip_unmoved is not for them, TMA and crossover plans why producer_fences is what it is.
+    testing.with_config (bench/ab_build.py's, sanitize.py's and clock_trace.py's --config) turns a
+    choice on in the rendered config and refuses unknown fields and values by name."""
     k = compile_quiet(mla(heads=128))
     seesaw = k.plan
     assert seesaw.config.seesaw and not seesaw.config.relay and not seesaw.config.skip_unmoved
@@ -714,6 +716,16 @@ def test_skip_unmoved_is_off_until_measured_and_a_config_override_builds_it():
     assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only; not with the relay", relay.explain(), re.M)
     stacked = compile_quiet((REPO / "examples" / "gla2.attn").read_text())
     assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only \(the stacked groups", stacked.explain(), re.M)
+    page1 = compile_quiet(mla(heads=128, page=1))
+    assert page1.plan.config.tma_rows == 0 and not page1.plan.config.producer_fences
+    assert re.search(r"^\s+producer_fences\s+False\s+not chosen: each 16-bit box's FULL counts its copies",
+                     page1.explain(), re.M)
+    assert seesaw.config.tma_rows and seesaw.config.producer_fences
+    assert re.search(r"^\s+producer_fences\s+True\s+a TMA plan's rare cp.async tiles", k.explain(), re.M)
+    crossed = compile_quiet((REPO / "examples" / "mla_fp8_sparse.attn").read_text())
+    assert crossed.plan.config.crossover and not crossed.plan.config.producer_fences
+    assert re.search(r"^\s+producer_fences\s+False\s+crossover: the producer fences what it shares", crossed.explain(), re.M)
+    assert "static constexpr bool kProducerFences = true;" in render(with_config(page1.plan, ["producer_fences=true"]))
     on = with_config(seesaw, ["skip_unmoved=true", "stages=2"])
     assert on.config.skip_unmoved and on.config.stages == 2 and on.config.tile_n == seesaw.config.tile_n
     assert "static constexpr bool kSkipUnmoved = true;" in render(on)

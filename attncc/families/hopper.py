@@ -103,6 +103,8 @@ class HopperConfig(KernelConfig):
     wg1_registers: int        # ... relay: of WG1 (else consumer_registers)
     producer_registers: int   # ... and of the producer
     tma_rows: int             # tokens of one TMA copy of a box (tile_n: a tile of one page); 0: cp.async
+    producer_fences: bool     # the producer waits for its cp.async 16-bit boxes, fences them and arrives on their
+                              # FULLs (else cp.async.mbarrier.arrive, and the consumers fence after FULL)
     boxes: int                # 64-column boxes of a staged token row (= of a Q row)
     value_boxes: int          # ... of them the value's (the first)
     out_boxes: int            # ... of a consumer warp group's output (seesaw: half the value; stacked: all)
@@ -405,7 +407,8 @@ class HopperFamily(Family):
              "seesaw only"),
             ("skip_unmoved", "not chosen: not measured on a GPU yet (the same bits by construction and by "
              "test; a same-process A/B decides: bench/ab_build.py --config skip_unmoved=true)" if seesaw and not relay else
-             "seesaw only; not with the relay (its WG0 spilled 4-16 bytes with the vote, ptxas)" if relay else
+             "seesaw only; not with the relay (with the vote in both groups or in WG1 alone its part kernels "
+             "spilled 36-48 bytes, ptxas)" if relay else
              "seesaw only (the stacked groups spilled 4-16 bytes with the vote, ptxas)"),
             ("group_fence", "the producer converts a group's fp8 pairs, then fences once and arrives on "
              "their FULLs (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair)" if group_fence else
@@ -428,6 +431,12 @@ class HopperFamily(Family):
              else "the fp8 conversion of a box pair (4 tokens): 56 spilled with its loads in registers (ptxas, session 18)" if layout.fp8
              else "what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)"),
             ("tma_rows", tma_why),
+            ("producer_fences", "crossover: the producer fences what it shares; the consumers fence nothing" if crossover else
+             "a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL "
+             "(the consumers need no fence)" if tma_rows else
+             "not chosen: each 16-bit box's FULL counts its copies as they land (cp.async.mbarrier.arrive) and the "
+             "consumers fence a group of boxes after its FULLs; not measured on a GPU yet (the same bits; a "
+             "same-process A/B decides: bench/ab_build.py --config producer_fences=true)"),
             ("scale_record_bytes", records_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),
@@ -448,7 +457,7 @@ class HopperFamily(Family):
             value_first=converts and not relay, slots_ahead=converts, relay=relay, skip_unmoved=False,
             group_fence=group_fence,
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
-            tma_rows=tma_rows, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
+            tma_rows=tma_rows, producer_fences=tma_rows > 0 and not crossover, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
             scale_record_bytes=records,

@@ -71,6 +71,7 @@ struct Config {
   static constexpr int kWg1Registers = 224;  // as WG0's (both groups run the same code)
   static constexpr int kProducerRegisters = 56;  // what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
+  static constexpr bool kProducerFences = true;  // a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL (the consumers need no fence)
   static constexpr int kBoxes = 5;
   static constexpr int kValueBoxes = 4;
   static constexpr int kOutBoxes = 4;

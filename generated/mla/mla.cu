@@ -71,6 +71,7 @@ struct Config {
   static constexpr int kWg1Registers = 216;  // as WG0's (both groups run the same code)
   static constexpr int kProducerRegisters = 72;  // a tile's token offsets and the copy addresses: 40 and 56 spilled
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
+  static constexpr bool kProducerFences = true;  // a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL (the consumers need no fence)
   static constexpr int kBoxes = 9;
   static constexpr int kValueBoxes = 8;
   static constexpr int kOutBoxes = 4;

@@ -257,7 +257,7 @@ struct TileTokens {
         if constexpr (!Cfg::kCrossover && !producer_fences_cp_async<Cfg>()) cp_async_arrive(T::full(sbase, stage, box));
       }
     });
-    if constexpr (producer_fences_cp_async<Cfg>()) {  // (traits.cuh) a TMA plan's cp.async tile: landed, fenced, then FULL
+    if constexpr (producer_fences_cp_async<Cfg>() && Cfg::kTmaRows > 0) {  // a TMA plan's cp.async tile: landed, fenced, then FULL
       static_assert(!has_fp8<Cfg>(), "TMA plans have no fp8 runs");
       cp_async_commit();
       cp_async_wait<0>();
@@ -266,8 +266,8 @@ struct TileTokens {
     }
     if constexpr (has_fp8_box(kFrom, kTo)) {
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { load_pair<decltype(run)::value>(a, sbase, stage, head, p, b); });
-      cp_async_commit();
     }
+    if constexpr (lands_some(kFrom, kTo)) cp_async_commit();  // the group convert_boxes waits for
   }
 
   // ... and their conversion, once this thread's group has landed (kNewer: the cp.async groups it
@@ -279,39 +279,41 @@ struct TileTokens {
   }
   template <int kFrom, int kTo, int kNewer>
   __device__ __forceinline__ static void wait_boxes() {
-    if constexpr (has_fp8_box(kFrom, kTo)) {
-      cp_async_wait<kNewer>();  // this thread's raw chunks and scales
-      __syncwarp();             // ... and its quarter warp's (one_scale_a_pair: one thread's scale, 8 readers)
-    }
+    if constexpr (lands_some(kFrom, kTo)) cp_async_wait<kNewer>();  // this thread's raw chunks, scales, 16-bit chunks
+    if constexpr (has_fp8_box(kFrom, kTo)) __syncwarp();  // ... and its quarter warp's (one_scale_a_pair: one thread's scale, 8 readers)
   }
   // kGroupFence (hopper.py): the group's pairs are converted first, then fenced once and their
   // FULLs arrived on (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair); else (crossover,
   // whose pairs' peer stores count on their FULLs, and the seesaw's 72-register producer) a pair
   // at a time, in convert_pair.
+  // A cp.async plan's 16-bit boxes that the producer lands itself (producer_fences) go the same
+  // way, with nothing to convert: fenced with the group, then their FULLs.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void convert_landed(uint32_t sbase, int stage, int p) const {
     using T = HopperTraits<Cfg>;
-    if constexpr (has_fp8_box(kFrom, kTo)) {
+    if constexpr (has_fp8_box(kFrom, kTo))
       for_each_fp8_run<kFrom, kTo>([&](auto run, int b) { convert_pair<decltype(run)::value>(sbase, stage, p, b); });
-      if constexpr (Cfg::kGroupFence) {
-        fence_async_shared();  // the stores (generic proxy) before wgmma (async proxy) reads them
-        static_for<kTo - kFrom>([&](auto i) {
-          constexpr int box = kFrom + decltype(i)::value;
-          if constexpr (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) mbarrier_arrive(T::full(sbase, stage, box));
-        });
-      }
+    if constexpr ((has_fp8_box(kFrom, kTo) && Cfg::kGroupFence) || has_landed_16bit_box(kFrom, kTo)) {
+      fence_async_shared();  // the stores or landed copies (generic proxy) before wgmma (async proxy) reads them
+      static_for<kTo - kFrom>([&](auto i) {
+        constexpr int box = kFrom + decltype(i)::value;
+        if constexpr (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype) ? Cfg::kGroupFence : lands_16bit())
+          mbarrier_arrive(T::full(sbase, stage, box));
+      });
     }
   }
 
   // Whether fill_stage issues both groups' copies before it converts either, so that a stage's
   // fp8 loads take one round trip to memory, not two (crossover: each group shared with the peer
   // as soon as it is converted, the late group's loads still in flight).
-  __host__ __device__ static constexpr bool issues_ahead() { return has_fp8_box(0, HopperTraits<Cfg>::kBoxes); }
+  // (or where the producer lands a cp.async plan's 16-bit boxes: the late group's copies in flight
+  // while the early group's land)
+  __host__ __device__ static constexpr bool issues_ahead() { return lands_some(0, HopperTraits<Cfg>::kBoxes); }
 
   // The cp.async groups issue_boxes commits for a stage's early group of boxes and its late group.
-  __host__ __device__ static constexpr int early_groups() { return has_fp8_box(0, HopperTraits<Cfg>::kEarly) ? 1 : 0; }
+  __host__ __device__ static constexpr int early_groups() { return lands_some(0, HopperTraits<Cfg>::kEarly) ? 1 : 0; }
   __host__ __device__ static constexpr int late_groups() {
-    return has_fp8_box(HopperTraits<Cfg>::kEarly, HopperTraits<Cfg>::kBoxes) ? 1 : 0;
+    return lands_some(HopperTraits<Cfg>::kEarly, HopperTraits<Cfg>::kBoxes) ? 1 : 0;
   }
 
   // f(run I, first box b) for each fp8 box pair of boxes [kFrom, kTo), run by run, a run's pairs
@@ -429,6 +431,19 @@ struct TileTokens {
     for (int b = from; b < to; ++b)
       if (is_fp8(Cfg::kSources[box_source<Cfg>(b)].dtype)) return true;
     return false;
+  }
+  // Whether the producer lands the 16-bit boxes it copies: a cp.async plan's producer_fences (a TMA
+  // plan's rare cp.async tiles are landed in issue_boxes itself).
+  __host__ __device__ static constexpr bool lands_16bit() { return producer_fences_cp_async<Cfg>() && Cfg::kTmaRows == 0; }
+  __host__ __device__ static constexpr bool has_landed_16bit_box(int from, int to) {
+    for (int b = from; b < to; ++b)
+      if (lands_16bit() && !is_fp8(Cfg::kSources[box_source<Cfg>(b)].dtype)) return true;
+    return false;
+  }
+  // Whether the producer waits for some box of [from, to) to land (its cp.async group): to convert
+  // it (fp8), or to fence it (a 16-bit box, lands_16bit).
+  __host__ __device__ static constexpr bool lands_some(int from, int to) {
+    return has_fp8_box(from, to) || has_landed_16bit_box(from, to);
   }
 
   // Crossover: this CTA's half of the 16-bit boxes of [kFrom, kTo) of stage `stage` into the

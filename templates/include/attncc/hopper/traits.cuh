@@ -63,12 +63,13 @@ __host__ __device__ constexpr bool fp8_pairs_in_groups(int early) {
   return true;
 }
 
-// Whether a TMA plan's producer fences the tiles it copies by cp.async itself (produce.cuh:
-// TileTokens::issue_boxes): those are its rare tiles (a sequence's partial last tile, a bad page
-// number), every other tile lands through the async proxy (TMA), so its consumers need no fence.
+// Whether the producer fences the 16-bit boxes it copies by cp.async itself (the plan's
+// producer_fences; produce.cuh: TileTokens), so that its consumers need no fence: a TMA plan's
+// rare cp.async tiles (a sequence's partial last tile, a bad page number; every other tile lands
+// through the async proxy), or every tile of a cp.async plan that chose it.
 template <class Cfg>
 __host__ __device__ constexpr bool producer_fences_cp_async() {
-  return Cfg::kTmaRows > 0 && !Cfg::kCrossover;
+  return Cfg::kProducerFences;
 }
 
 // Whether the consumers fence box `box` to the async proxy after its FULL wait (tile.cuh: scores):
@@ -184,6 +185,7 @@ struct HopperTraits {
                     Cfg::kWalkPOff >= Cfg::kWalkCOff + 12 * 4 && Cfg::kScalesOff >= Cfg::kWalkPOff + 12 * 4 && Cfg::kScalesOff % 16 == 0 &&
                     Cfg::kSmemBytes >= Cfg::kScalesOff + kStages * kN * Cfg::kScaleRecordBytes,
                 "shared-memory plan: disjoint regions in order");
+  static_assert(!Cfg::kProducerFences || !Cfg::kCrossover, "crossover: the producer fences what it shares, the consumers nothing");
   static_assert(Cfg::kScaleRecordBytes == 0 || Cfg::kScaleRecordBytes == 16, "scale records: 4 fp32 a token (hopper.py)");
   static_assert(Cfg::kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB");
   // setmaxnreg trades within the registers the CTA was launched with: an increase past them waits forever
