@@ -48,7 +48,13 @@ for stage in "$@"; do
              "mla_h64 examples/mla.attn --heads 64 --sq 2 --seqlen 8192" "mla examples/mla.attn --heads 128 --seqlen 32768 --batch 1" \
              "mla examples/mla.attn --heads 128 --seqlen 32768 --batch 8" "mla_h16 examples/mla.attn --heads 16 --sq 1 --seqlen 32768" \
              "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 8192" "gla2 examples/gla2.attn --heads 128 --sq 1 --seqlen 8192" \
-             "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 32768 --batch 8"; do
+             "gla2 examples/gla2.attn --heads 128 --sq 2 --seqlen 32768 --batch 8" \
+             "mla_p1 examples/mla.attn --heads 128 --page 1 --sq 2 --seqlen 8192" \
+             "mla_p1 examples/mla.attn --heads 128 --page 1 --sq 1 --seqlen 8192" \
+             "gla2_p1 examples/gla2.attn --heads 128 --page 1 --sq 2 --seqlen 8192" \
+             "sparse_fp8 bench/sparse_fp8.attn --heads 128 --sq 2 --seqlen 32768" \
+             "sparse_fp8 bench/sparse_fp8.attn --heads 128 --sq 1 --seqlen 32768" \
+             "sparse_fp8_h64 bench/sparse_fp8.attn --heads 64 --sq 2 --seqlen 32768"; do
       set -- $c; n=$1; shift
       a=.ab/${AB_A:-old}_$n.so b=.ab/${AB_B:-new}_$n.so
       [ -f "$a" ] && [ -f "$b" ] || { echo "$n: skipped (no $a or $b: bench/ab_build.py --only)"; continue; }

@@ -3,6 +3,9 @@
     python3 bench/sanitize.py [--tools memcheck,racecheck,synccheck,initcheck] [--specs a,b]
                               [--log DIR] [--print-limit N] [--quick] [--jobs N]
 
+(--specs mla_page1_h128:producer_fences=true: a spec's plan with a kernel-config choice the
+lowering did not take.)
+
 For each tool, one process under `compute-sanitizer --tool T` (only attncc's kernels are
 instrumented) runs every spec on a few small cases: split mode and part mode, lengths
 0, 1, P, P + 1 and a few tiles, every s_q, NaN in the unused pages, each checked against the
@@ -38,10 +41,24 @@ TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
 def _specs(names):
+    """name -> spec text; a name may carry kernel-config choices the lowering did not take,
+    `spec:FIELD=VALUE[:FIELD=VALUE]` (attncc.testing.with_config), run as that plan."""
     from specs import all_specs
 
     specs = all_specs()
-    return {n: specs[n] for n in names} if names else specs
+    return {n: specs[n.split(":")[0]] for n in names} if names else specs
+
+
+def _op(name, k):
+    """The op `name` runs: the spec's own, or its plan with the name's choices (a build of its own)."""
+    from attncc import testing
+    from attncc.ops import op_for
+
+    choices = name.split(":")[1:]
+    if not choices:
+        return k.op
+    tag = "_" + "_".join(c.replace("=", "_") for c in choices)
+    return op_for(k.spec, testing.with_config(k.plan, choices), tag)
 
 
 def _rewrite_by_copy(*tensors) -> None:
@@ -87,7 +104,7 @@ def worker(names, quick: bool = False, host_init: bool = False) -> int:
                 if host_init:
                     _rewrite_by_copy(case.q, case.cache, case.block_table, case.seqlens, case.indices)
                     print(f"inputs of {name} s_q={s_q} splits={splits}: {_extents(case)}", flush=True)
-                out, lse = k.op(case.q, cache_list(spec, case.cache), case.block_table, case.seqlens,
+                out, lse = _op(name, k)(case.q, cache_list(spec, case.cache), case.block_table, case.seqlens,
                                 case.indices, spec.softmax_scale, splits)
                 torch.cuda.synchronize()
                 result = testing.compare(spec, case, out, lse)
@@ -136,9 +153,9 @@ def build(names) -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        kernels = [attncc.compile(t) for t in _specs(names).values()]
+        kernels = {n: attncc.compile(t) for n, t in _specs(names).items()}
     with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(lambda k: k.build(), kernels))
+        list(pool.map(lambda item: _op(*item).library(), kernels.items()))
 
 
 SUMMARY = re.compile(r"(ERROR SUMMARY: \d+ errors?|RACECHECK SUMMARY: \d+ hazards? displayed.*)")
@@ -147,7 +164,7 @@ SUMMARY = re.compile(r"(ERROR SUMMARY: \d+ errors?|RACECHECK SUMMARY: \d+ hazard
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tools", default=",".join(TOOLS))
-    ap.add_argument("--specs", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--specs", default="", help="comma-separated names (default: all), each NAME[:FIELD=VALUE...]")
     ap.add_argument("--log", default=None, help="directory for each tool's full log")
     ap.add_argument("--print-limit", type=int, default=20, help="reports printed per tool")
     ap.add_argument("--quick", action="store_true", help="fewer cases a spec (largest s_q; 2 splits, 3 parts)")
