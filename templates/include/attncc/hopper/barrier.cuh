@@ -4,13 +4,13 @@
 //
 //   producer, stage s:  wait EMPTY[s] (phase), issue cp.async into s,
 //                       cp_async_arrive(FULL[s])        the arrival lands when the copies do
+//                       (or, producer_fences: wait for the copies, fence_async_shared(), arrive)
 //   consumer, stage s:  wait FULL[s] (phase), fence_async_shared() before wgmma reads it
 //                       (where the writer could not fence: traits.cuh, consumer_fences),
 //                       ... wgmma ..., arrive(EMPTY[s]) once its products are done (wait_group)
 //
-// Run on the H200 by tests/test_wgmma.py's warp-specialized decode tile: every function here but
-// cp_async_arrive (its producer waits for its cp.async copies, then arrives); no family uses
-// them yet.
+// The Hopper family (kernel.cuh, produce.cuh, the consumers' headers) uses every one; the
+// warp-specialized decode tile of tests/test_wgmma.py runs them alone on the device.
 #pragma once
 
 #include <cstdint>

@@ -50,7 +50,9 @@
 // Where a box's writer cannot fence its stores to the async proxy (wgmma) before FULL counts them
 // (a cp.async plan's 16-bit boxes), the consumers do after their FULL wait (traits.cuh:
 // consumer_fences); the producer fences the fp8 boxes it converts, a crossover plan's boxes it
-// shares, and a TMA plan's rare cp.async tiles once they have landed.
+// shares, a TMA plan's rare cp.async tiles once they have landed, and, where the plan chose
+// producer_fences, a cp.async plan's 16-bit boxes: issued ahead like fp8 groups, waited for a
+// group at a time, fenced once, then FULL (TileTokens::lands_16bit).
 #pragma once
 
 #include <type_traits>
