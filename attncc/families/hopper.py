@@ -405,8 +405,8 @@ class HopperFamily(Family):
              "before S_b, so stage a's late boxes are free before tile b lands" if converts else
              "not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)" if seesaw else
              "seesaw only"),
-            ("skip_unmoved", "not chosen: not measured on a GPU yet (the same bits by construction and by "
-             "test; a same-process A/B decides: bench/ab_build.py --config skip_unmoved=true)" if seesaw and not relay else
+            ("skip_unmoved", "not chosen: not measured on a GPU yet (the same bits by construction, which "
+             "tests/test_gpu.py checks; a same-process A/B decides: bench/ab_build.py --config skip_unmoved=true)" if seesaw and not relay else
              "seesaw only; not with the relay (with the vote in both groups or in WG1 alone its part kernels "
              "spilled 36-48 bytes, ptxas)" if relay else
              "seesaw only (the stacked groups spilled 4-16 bytes with the vote, ptxas)"),
@@ -435,8 +435,8 @@ class HopperFamily(Family):
              "a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL "
              "(the consumers need no fence)" if tma_rows else
              "not chosen: each 16-bit box's FULL counts its copies as they land (cp.async.mbarrier.arrive) and the "
-             "consumers fence a group of boxes after its FULLs; not measured on a GPU yet (the same bits; a "
-             "same-process A/B decides: bench/ab_build.py --config producer_fences=true)"),
+             "consumers fence a group of boxes after its FULLs; not measured on a GPU yet (the same bits, which "
+             "tests/test_gpu.py checks; a same-process A/B decides: bench/ab_build.py --config producer_fences=true)"),
             ("scale_record_bytes", records_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),
@@ -457,7 +457,8 @@ class HopperFamily(Family):
             value_first=converts and not relay, slots_ahead=converts, relay=relay, skip_unmoved=False,
             group_fence=group_fence,
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
-            tma_rows=tma_rows, producer_fences=tma_rows > 0 and not crossover, boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
+            tma_rows=tma_rows, producer_fences=tma_rows > 0 and not crossover,
+            boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
             scale_record_bytes=records,

@@ -92,7 +92,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
   // positions below full_limit are visible to every row (the first row has the smallest token)
   const int full_limit = w.token_limit(w.row_token(w.mb * Cfg::kTileM), kv_len, s_q);
   const float c = a.softmax_scale * kLog2e;
-  auto rescale = [](float(&acc)[kAcc], const float(&by)[2]) {  // O's rows by c_a or c_b (kSkipUnmoved: by a vote)
+  auto scale_o = [](float(&acc)[kAcc], const float(&by)[2]) {  // O's rows by c_a or c_b (kSkipUnmoved: by a vote)
     if constexpr (Cfg::kSkipUnmoved) scale_rows_if_moved(acc, by); else scale_rows(acc, by);
   };
 
@@ -127,7 +127,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       fence_async_shared();
       mbarrier_arrive(T::p_a(sbase));  // P_A
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 4);
-      rescale(o, ca);
+      scale_o(o, ca);
       pack_p<Cfg>(s, pa);
       pv_rs<Cfg>(o, pa, T::stage_box(sbase, sa, 0));  // O_L += P_a V_a[:, L]
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 5);
@@ -142,7 +142,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         l[h] *= cb[h];
       }
       __syncwarp();  // the quad's reads of m_b before its first lane writes the next m_a
-      rescale(o, cb);
+      scale_o(o, cb);
       if (has_b) {
         pv_ss<Cfg>(o, p_box_b, T::stage_box(sbase, sb, 0));  // O_L += P_b V_b[:, L]
         ATTNCC_TRACE(t == 0, 0, pr.pairs, 7);
@@ -218,14 +218,14 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         // O_R c_a + P_a V_a[:, R] as soon as P_a is handed, which releases stage a's late boxes
         // before tile b lands (the producer refills a while it converts b); then S_b
         take_max_a();
-        rescale(o, ca);
+        scale_o(o, ca);
         pv_a();
         scores_b();
         rescale_b();
         p_b();
         __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
         hand_p_b();
-        rescale(o, cb);
+        scale_o(o, cb);
         pv_b();
       } else {
         scores_b();
@@ -234,9 +234,9 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
         p_b();
         hand_p_b();
-        rescale(o, ca);
+        scale_o(o, ca);
         pv_a();
-        rescale(o, cb);
+        scale_o(o, cb);
         pv_b();
       }
     }
