@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests det ab sanitize initcheck host bench peers sparse)
+# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests det ab sanitize initcheck host bench peers sparse split)
 # Run from the repo root on the GPU machine with `.whl` (lark) carried, `.attncc_cache` if the
 # libraries were prebuilt here (C-ABI libraries do not depend on the Python version), and for
 # `ab` the `.ab` folder that bench/ab_build.py filled (old_*.so and new_*.so).
@@ -104,6 +104,16 @@ for stage in "$@"; do
       # shellcheck disable=SC2086
       PYTHONPATH=$PYTHONPATH:/tmp/peers/FlashMLA timeout 200 python3 .peers/sparse_fp8.py $c 2>&1 | tail -3
     done | tee "$OUT/sparse_fp8.log" ;;
+  split)
+    # one call kernel by kernel beside FlashMLA (bench/kernel_split.py, eager under torch.profiler):
+    # dense MLA where b = 8 and b = 1 trail (decode or combine), and the sparse fp8 call
+    echo "== kernel split beside FlashMLA"
+    [ -d /tmp/peers/FlashMLA ] || MAX_JOBS=${MAX_JOBS:-14} bash .peers/build-flashmla.sh 2>&1 | tail -2
+    for c in "--dense --b 8 --sq 1 --sk 32768" "--dense --b 1 --sq 1 --sk 32768" "--dense --b 128 --sq 2 --sk 8192" \
+             "--b 128 --hq 128 --sq 2"; do
+      # shellcheck disable=SC2086
+      PYTHONPATH=$PYTHONPATH:/tmp/peers/FlashMLA timeout 200 python3 bench/kernel_split.py $c 2>&1 | tail -8
+    done | tee "$OUT/kernel_split.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
