@@ -16,7 +16,7 @@ from attncc.families import hopper
 from attncc.ops import cache_list, op_for
 
 from specs import all_specs, without_crossover
-from support import no_host_sync
+from support import CHOICES, form_of, no_host_sync, seesaw_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -521,19 +521,6 @@ def _assert_same_bits(k, op_a, op_b, seed, batch=5):
             assert testing.compare(k.spec, case, a_out, a_lse).ok, (s_q, splits, lengths)
 
 
-def _seesaw_of(plan):
-    """A relay plan with the seesaw's consumers instead (both groups compute S, WG1's products
-    value first, hopper.py's seesaw registers and its group-fence rule): what the lowering chose
-    before the relay."""
-    cfg = plan.config
-    assert cfg.relay
-    return dataclasses.replace(plan, config=dataclasses.replace(
-        cfg, relay=False, value_first=True,
-        group_fence=hopper.fences_groups(True, crossover=cfg.crossover, relay=False, seesaw=True),  # (relay: fp8 runs)
-        consumer_registers=hopper.CONSUMER_REGISTERS,
-        wg1_registers=hopper.CONSUMER_REGISTERS, producer_registers=hopper.PRODUCER_REGISTERS))
-
-
 @pytest.mark.parametrize("name", ["mla_fp8_sparse", "mla_fp8_crossover"])
 def test_crossover_on_and_off_give_the_same_bits(kernels, name):
     """The cluster's CTAs convert half of each tile each and share it; without crossover each
@@ -545,23 +532,7 @@ def test_crossover_on_and_off_give_the_same_bits(kernels, name):
     text = open(SPECS[name]).read() if SPECS[name].endswith(".attn") else SPECS[name]
     off = attncc.compile(without_crossover(text, f"{name}_off"))
     assert off.plan.family == "hopper" and not off.plan.config.crossover and off.plan.config.relay
-    _assert_same_bits(k, k.op, op_for(off.spec, _seesaw_of(off.plan), "_seesaw"), name)
-
-
-# Kernel-config choices the lowering does not take until a same-process A/B on the device says so
-# (hopper.py's explain says which), each on the plans it would change: (spec[~seesaw], FIELD=VALUE).
-# ~seesaw: an fp8 relay plan's seesaw form (_seesaw_of).
-CHOICES = [
-    # skip_unmoved: a warp's rescale of O skipped where none of its rows moved its max. The seesaw's
-    # forms: bf16, two sets of stages, sparse, crossover with value first, an fp8 seesaw
-    *[(name, "skip_unmoved=true") for name in ("mla", "mla_page1_h128", "gla2_seesaw", "sparse_bf16_h128",
-                                                "mla_fp8_crossover", "mla_fp8_per128_h64~seesaw")],
-    # producer_fences: the producer lands and fences its cp.async 16-bit boxes, the consumers fence
-    # none. cp.async plans: seesaw pages 1 and 16, stacked page 5, sparse bf16, an fp8 relay's rope
-    # box (sparse and dense), a stacked fp8 plan's
-    *[(name, "producer_fences=true") for name in ("mla_page1_h128", "mla_page16", "gla2_page5", "sparse_bf16_h128",
-                                                   "sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],
-]
+    _assert_same_bits(k, k.op, op_for(off.spec, seesaw_of(off.plan), "_seesaw"), name)
 
 
 @pytest.mark.parametrize("name,choice", CHOICES, ids=[f"{n}-{c}" for n, c in CHOICES])
@@ -571,7 +542,7 @@ def test_a_config_choice_not_taken_gives_the_same_bits(kernels, name, choice):
     without a slot, and forced splits and parts."""
     base, _, form = name.partition("~")
     k = kernels[base]
-    plan = _seesaw_of(k.plan) if form else k.plan
+    plan = form_of(k.plan, name)
     field, _, value = choice.partition("=")
     assert plan.family == "hopper" and str(getattr(plan.config, field)).lower() != value, (name, "the choice is taken")
     as_lowered = op_for(k.spec, plan, "_seesaw") if form else k.op
@@ -591,7 +562,7 @@ def test_the_relay_agrees_with_the_seesaw(kernels, name):
     chosen split count, 3 forced splits and 7 balanced parts."""
     k = kernels[name]
     assert k.plan.family == "hopper" and k.plan.config.relay, name
-    seesaw = op_for(k.spec, _seesaw_of(k.plan), "_seesaw")
+    seesaw = op_for(k.spec, seesaw_of(k.plan), "_seesaw")
     assert seesaw.library().path != k.op.library().path
     rng = random.Random(name)
     for s_q in range(1, k.spec.max_query_len + 1):
