@@ -1,14 +1,18 @@
 """Same-process A/B of two builds of one plan's kernel library (GPU).
 
     python3 bench/ab.py SPEC A.so B.so [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64]
-                        [--rounds 15] [--spec-b SPEC_B]
+                        [--rounds 15] [--spec-b SPEC_B] [--splits-a N --splits-b N]
 
 Both libraries get the same inputs (attncc.bench.inputs: random cache larger than L2, pages
 in random order) through the same AttnccArgs; each round times one call of A and one of B
 (CUDA events, L2 flushed before each, a spin kernel covering the enqueue), alternating which
 goes first. With --spec-b, B is driven by that spec's plan (its split policy and workspace: a
-build of another schedule of the same cache layout, e.g. `seesaw` on or off). Prints the median of each, the ratio, whether the outputs are bitwise equal, and
-each build's outputs checked against attncc.reference on three sequences of the call.
+build of another schedule of the same cache layout, e.g. `seesaw` on or off). With --splits-a /
+--splits-b each side's num_splits as the op takes it (0 the launch's choice, n splits, -p
+balanced parts): one library (A.so = B.so) at two split choices, e.g. b = 1's 66 parts against
+44. Prints the median of each, the ratio, whether the outputs are bitwise equal (not expected
+across split choices: the sums are cut elsewhere), and each side's outputs checked against
+attncc.reference on three sequences of the call.
 --heads and --page vary SPEC as bench/ab_build.py does; each library must be a build of that
 variant (its TAG_name.json from ab_build, or, without one, SPEC as written).
 Each library is driven through the AttnccArgs of its own ABI version (1, from before strides
@@ -63,14 +67,14 @@ def load(path: str):
     return lib
 
 
-def make_args(plan, lib, case, spec, stream=None):
+def make_args(plan, lib, case, spec, stream=None, requested: int = 0):
     """One call's AttnccArgs for `lib` and the tensors they point at (out, lse, the workspace, the
     flag word), and (splits, parts): today's ABI through ops.prepare and ops.pack, the op's own
     preparation; version 1 from the same preparation, without strides, page count and flags."""
     q = case.q
     views = [ops._cache_view(spec, plan, i, t) for i, t in enumerate(cache_list(spec, case.cache))]
     flags = torch.zeros(1, dtype=torch.int32, device=q.device)
-    p = ops.prepare(plan, lib, q, views, case.block_table, 0, flags)
+    p = ops.prepare(plan, lib, q, views, case.block_table, requested, flags)
     out = torch.empty(p.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(p.lse_shape, dtype=torch.float32, device=q.device)
     po = pl = None
@@ -110,6 +114,9 @@ def main(argv=None) -> int:
     ap.add_argument("--page", type=int)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--spec-b", help="B's spec (the same cache layout, another schedule); default SPEC")
+    ap.add_argument("--splits-a", type=int, default=0, help="A's num_splits as the op takes it: 0 the launch's "
+                    "choice, n splits, -p balanced parts (A.so and B.so may then be one library)")
+    ap.add_argument("--splits-b", type=int, default=0, help="... B's")
     args = ap.parse_args(argv)
 
     def built_as(lib: str):
@@ -142,7 +149,9 @@ def main(argv=None) -> int:
     libs = {"A": load(args.a), "B": load(args.b)}
     cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
     case = bench.inputs(spec, cfg)
-    launches = {name: make_args(Kernel(specs[name]).plan, lib, case, specs[name]) for name, lib in libs.items()}
+    requested = {"A": args.splits_a, "B": args.splits_b}
+    launches = {name: make_args(Kernel(specs[name]).plan, lib, case, specs[name], requested=requested[name])
+                for name, lib in libs.items()}
     flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     times = {"A": [], "B": []}
     for name, lib in libs.items():  # warm up, and check both run
