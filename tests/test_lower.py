@@ -715,7 +715,7 @@ def test_choices_not_taken_until_measured_say_so_and_a_config_override_builds_th
     relay = compile_quiet(EXTRA["sparse_fp8_h128"])
     assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only; not with the relay", relay.explain(), re.M)
     stacked = compile_quiet((REPO / "examples" / "gla2.attn").read_text())
-    assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only \(the stacked groups", stacked.explain(), re.M)
+    assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only \(with the vote the stacked groups spilled", stacked.explain(), re.M)
     page1 = compile_quiet(mla(heads=128, page=1))
     assert page1.plan.config.tma_rows == 0 and not page1.plan.config.producer_fences
     assert re.search(r"^\s+producer_fences\s+False\s+not chosen: each 16-bit box's FULL counts its copies",

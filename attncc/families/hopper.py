@@ -409,7 +409,7 @@ class HopperFamily(Family):
              "tests/test_gpu.py checks; a same-process A/B decides: bench/ab_build.py --config skip_unmoved=true)" if seesaw and not relay else
              "seesaw only; not with the relay (with the vote in both groups or in WG1 alone its part kernels "
              "spilled 36-48 bytes, ptxas)" if relay else
-             "seesaw only (the stacked groups spilled 4-16 bytes with the vote, ptxas)"),
+             "seesaw only (with the vote the stacked groups spilled 4-20 bytes, 48-64 with an fp8 run, ptxas)"),
             ("group_fence", "the producer converts a group's fp8 pairs, then fences once and arrives on "
              "their FULLs (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair)" if group_fence else
              "not chosen: crossover fences each pair, whose peer stores count on its FULLs" if crossover else

@@ -64,7 +64,7 @@ struct Config {
   static constexpr bool kCrossover = false;  // no fp8 run to share
   static constexpr bool kValueFirst = false;  // seesaw only
   static constexpr bool kRelay = false;  // seesaw only
-  static constexpr bool kSkipUnmoved = false;  // seesaw only (the stacked groups spilled 4-16 bytes with the vote, ptxas)
+  static constexpr bool kSkipUnmoved = false;  // seesaw only (with the vote the stacked groups spilled 4-20 bytes, 48-64 with an fp8 run, ptxas)
   static constexpr bool kSlotsAhead = false;  // not chosen: the producer does not set the pace (stacked)
   static constexpr bool kGroupFence = false;  // no fp8 run
   static constexpr int kConsumerRegisters = 224;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas); the split mode's merge: 216 spilled
