@@ -4,7 +4,7 @@
                               [--log DIR] [--print-limit N] [--quick] [--jobs N]
 
 (--specs mla_page1_h128:producer_fences=true: a spec's plan with a kernel-config choice the
-lowering did not take.)
+lowering did not take; without --specs every spec and every choice of tests/support.py's CHOICES.)
 
 For each tool, one process under `compute-sanitizer --tool T` (only attncc's kernels are
 instrumented) runs every spec on a few small cases: split mode and part mode, lengths
@@ -41,24 +41,30 @@ TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
 def _specs(names):
-    """name -> spec text; a name may carry kernel-config choices the lowering did not take,
-    `spec:FIELD=VALUE[:FIELD=VALUE]` (attncc.testing.with_config), run as that plan."""
+    """name -> spec text. A name may carry kernel-config choices the lowering did not take,
+    `spec[~seesaw]:FIELD=VALUE[:FIELD=VALUE]` (attncc.testing.with_config; ~seesaw: a relay plan's
+    seesaw form), run as that plan; the default is every spec and every choice of
+    tests/support.py's CHOICES."""
     from specs import all_specs
+    from support import CHOICES
 
     specs = all_specs()
-    return {n: specs[n.split(":")[0]] for n in names} if names else specs
+    if not names:
+        names = list(specs) + [f"{n}:{c}" for n, c in CHOICES]
+    return {n: specs[n.split(":")[0].split("~")[0]] for n in names}
 
 
 def _op(name, k):
-    """The op `name` runs: the spec's own, or its plan with the name's choices (a build of its own)."""
+    """The op `name` runs: the spec's own, or its plan (or form) with the name's choices (a build of its own)."""
     from attncc import testing
     from attncc.ops import op_for
+    from support import form_of
 
-    choices = name.split(":")[1:]
-    if not choices:
+    base, *choices = name.split(":")
+    if "~" not in base and not choices:
         return k.op
-    tag = "_" + "_".join(c.replace("=", "_") for c in choices)
-    return op_for(k.spec, testing.with_config(k.plan, choices), tag)
+    tag = "_" + "_".join(c.replace("=", "_") for c in [base.partition("~")[2], *choices] if c)
+    return op_for(k.spec, testing.with_config(form_of(k.plan, base), choices), tag)
 
 
 def _rewrite_by_copy(*tensors) -> None:
