@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import attncc
 from attncc import bench
 from attncc.cli import main
 from attncc.frontend import check_spec
@@ -182,6 +183,25 @@ def test_ab_drives_each_library_at_what_it_was_built_as(tmp_path):
     a.with_suffix(".json").write_text(b.with_suffix(".json").read_text())
     with pytest.raises(OSError):  # both right: on to loading them (no such files here)
         ab.main([mla, str(a), str(b), "--heads", "64"])
+
+
+def test_sanitize_runs_every_spec_and_every_choice_not_taken():
+    """bench/sanitize.py's default names are every spec and every (spec[~seesaw], choice) of
+    support.CHOICES; a name with a choice maps to its spec's text and runs an op of its own, a
+    plain name the spec's own op."""
+    from specs import all_specs
+    from support import CHOICES
+
+    san = load_script(REPO / "bench" / "sanitize.py", "attncc_bench_sanitize")
+    names = san._specs([])
+    assert set(names) == set(all_specs()) | {f"{n}:{c}" for n, c in CHOICES}
+    form = "mla_fp8_per128_h64~seesaw:skip_unmoved=true"
+    assert names[form] == all_specs()["mla_fp8_per128_h64"]
+    k = attncc.compile(names["mla_page1_h128"])
+    assert san._op("mla_page1_h128", k) is k.op
+    assert san._op("mla_page1_h128:producer_fences=true", k) is not k.op
+    with pytest.raises(ValueError, match="FIELD a field of the hopper kernel config"):
+        san._op("mla_page1_h128:producer_fence=true", k)
 
 
 def test_build_fuzz_draws_specs_of_the_language():
