@@ -119,34 +119,37 @@ def no_host_sync():
 
 def seesaw_of(plan):
     """A relay plan with the seesaw's consumers instead (both groups compute S, WG1's products
-    value first, hopper.py's seesaw registers and its group-fence rule): what the lowering chose
-    before the relay."""
+    value first, the vote's skipped rescales, hopper.py's seesaw registers and its group-fence
+    and producer-fence rules): what the lowering chose before the relay."""
     import dataclasses
 
     from attncc.families import hopper
 
     cfg = plan.config
     assert cfg.relay
+    group_fence = hopper.fences_groups(True, crossover=cfg.crossover, relay=False, seesaw=True)  # (relay: fp8 runs)
     return dataclasses.replace(plan, config=dataclasses.replace(
-        cfg, relay=False, value_first=True,
-        group_fence=hopper.fences_groups(True, crossover=cfg.crossover, relay=False, seesaw=True),  # (relay: fp8 runs)
+        cfg, relay=False, value_first=True, skip_unmoved=True, group_fence=group_fence,
+        producer_fences=group_fence and not cfg.crossover,  # hopper.py's rule (a relay plan is cp.async)
         consumer_registers=hopper.CONSUMER_REGISTERS,
         wg1_registers=hopper.CONSUMER_REGISTERS, producer_registers=hopper.PRODUCER_REGISTERS))
 
 
-# Kernel-config choices the lowering does not take until a same-process A/B on the device says so
-# (hopper.py's explain says which), each on the plans it would change: (spec[~seesaw], FIELD=VALUE),
-# built here by tests/test_build.py and run on the device by tests/test_gpu.py.
+# Kernel-config choices a plan does not take, each on the plans it would change: (spec[~seesaw],
+# FIELD=VALUE): the other side of a choice an A/B made (skip_unmoved, producer_fences: hopper.py's
+# explain gives the figures), so that both sides keep building (tests/test_build.py) and giving the
+# same bits (tests/test_gpu.py) and a later A/B can still compare them.
 CHOICES = [
-    # skip_unmoved: a warp's rescale of O skipped where none of its rows moved its max. The seesaw's
-    # forms: bf16, two sets of stages, sparse, crossover with value first, an fp8 seesaw
-    *[(name, "skip_unmoved=true") for name in ("mla", "mla_page1_h128", "gla2_seesaw", "sparse_bf16_h128",
-                                                "mla_fp8_crossover", "mla_fp8_per128_h64~seesaw")],
-    # producer_fences: the producer lands and fences its cp.async 16-bit boxes, the consumers fence
-    # none. cp.async plans: seesaw pages 1 and 16, stacked page 5, sparse bf16, an fp8 relay's rope
-    # box (sparse and dense), a stacked fp8 plan's
-    *[(name, "producer_fences=true") for name in ("mla_page1_h128", "mla_page16", "gla2_page5", "sparse_bf16_h128",
-                                                   "sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],
+    # skip_unmoved=false: every rescale of O, as before the vote. The seesaw's forms: bf16, two sets
+    # of stages, sparse, crossover with value first, an fp8 seesaw
+    *[(name, "skip_unmoved=false") for name in ("mla", "mla_page1_h128", "gla2_seesaw", "sparse_bf16_h128",
+                                                 "mla_fp8_crossover", "mla_fp8_per128_h64~seesaw")],
+    # producer_fences=true where not taken: the producer lands and fences a bf16 cp.async plan's
+    # boxes (seesaw pages 1 and 16, stacked page 5, sparse bf16), the consumers fence none
+    *[(name, "producer_fences=true") for name in ("mla_page1_h128", "mla_page16", "gla2_page5", "sparse_bf16_h128")],
+    # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
+    # sparse and dense, stacked)
+    *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],
 ]
 
 

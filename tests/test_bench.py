@@ -195,7 +195,7 @@ def test_sanitize_runs_every_spec_and_every_choice_not_taken():
     san = load_script(REPO / "bench" / "sanitize.py", "attncc_bench_sanitize")
     names = san._specs([])
     assert set(names) == set(all_specs()) | {f"{n}:{c}" for n, c in CHOICES}
-    form = "mla_fp8_per128_h64~seesaw:skip_unmoved=true"
+    form = "mla_fp8_per128_h64~seesaw:skip_unmoved=false"
     assert names[form] == all_specs()["mla_fp8_per128_h64"]
     k = attncc.compile(names["mla_page1_h128"])
     assert san._op("mla_page1_h128", k) is k.op

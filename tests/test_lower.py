@@ -701,35 +701,44 @@ def test_the_fp8_seesaw_is_paced_by_its_producer_and_says_so():
     assert re.search(r"^\s+relay\s+False\s+not chosen: `seesaw` asks for the seesaw", sets.explain(), re.M)
 
 
-def test_choices_not_taken_until_measured_say_so_and_a_config_override_builds_them():
-    """skip_unmoved (the seesaw's rescales of O skipped by a warp vote) and producer_fences on a
-    cp.async plan (the producer lands and fences its 16-bit boxes) are choices the lowering does
-    not take until an A/B on a GPU says so, and explain says that; relay and stacked plans say
-    why skip_unmoved is not for them, TMA and crossover plans why producer_fences is what it is.
-    testing.with_config (bench/ab_build.py's, sanitize.py's and clock_trace.py's --config) turns a
-    choice on in the rendered config and refuses unknown fields and values by name."""
+def test_measured_choices_say_where_they_are_taken_and_a_config_override_flips_them():
+    """skip_unmoved (the seesaw's rescales of O skipped by a warp vote) is taken on every seesaw
+    plan but the relay's; producer_fences (the producer lands and fences its 16-bit boxes) on TMA
+    plans (their rare cp.async tiles) and group-fenced fp8 plans (the rope rides the group's
+    fence), not on bf16 cp.async plans (measured slower) nor crossover; explain gives the reason
+    or the A/B's figures each way. testing.with_config (bench/ab_build.py's, sanitize.py's and
+    clock_trace.py's --config) flips a choice in the rendered config and refuses unknown fields
+    and values by name."""
     k = compile_quiet(mla(heads=128))
     seesaw = k.plan
-    assert seesaw.config.seesaw and not seesaw.config.relay and not seesaw.config.skip_unmoved
-    assert re.search(r"^\s+skip_unmoved\s+False\s+not chosen: not measured on a GPU yet", k.explain(), re.M)
+    assert seesaw.config.seesaw and not seesaw.config.relay and seesaw.config.skip_unmoved
+    assert re.search(r"^\s+skip_unmoved\s+True\s+chosen: a warp skips a rescale of O .* s_q 2 0.973", k.explain(), re.M)
     relay = compile_quiet(EXTRA["sparse_fp8_h128"])
+    assert not relay.plan.config.skip_unmoved
     assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only; not with the relay", relay.explain(), re.M)
     stacked = compile_quiet((REPO / "examples" / "gla2.attn").read_text())
+    assert not stacked.plan.config.skip_unmoved and not stacked.plan.config.seesaw
     assert re.search(r"^\s+skip_unmoved\s+False\s+seesaw only \(with the vote the stacked groups spilled", stacked.explain(), re.M)
     page1 = compile_quiet(mla(heads=128, page=1))
     assert page1.plan.config.tma_rows == 0 and not page1.plan.config.producer_fences
-    assert re.search(r"^\s+producer_fences\s+False\s+not chosen: each 16-bit box's FULL counts its copies",
-                     page1.explain(), re.M)
+    assert re.search(r"^\s+producer_fences\s+False\s+not chosen: .* MLA s_q 2 1.037", page1.explain(), re.M)
     assert seesaw.config.tma_rows and seesaw.config.producer_fences
     assert re.search(r"^\s+producer_fences\s+True\s+a TMA plan's rare cp.async tiles", k.explain(), re.M)
+    assert relay.plan.config.group_fence and relay.plan.config.producer_fences
+    assert re.search(r"^\s+producer_fences\s+True\s+chosen: the producer lands and fences each group .* h_q 64 0.994",
+                     relay.explain(), re.M)
+    fp8_stacked = compile_quiet(EXTRA["gla_fp8_e5m2"]).plan.config
+    assert fp8_stacked.group_fence and fp8_stacked.producer_fences
+    knob = compile_quiet(EXTRA["mla_fp8_page1_h64"] + "\nschedule mla_fp8_page1_h64 {\n    seesaw\n}\n").plan.config
+    assert not knob.group_fence and not knob.producer_fences and knob.skip_unmoved  # the fp8 seesaw: a fence a pair
     crossed = compile_quiet((REPO / "examples" / "mla_fp8_sparse.attn").read_text())
-    assert crossed.plan.config.crossover and not crossed.plan.config.producer_fences
+    assert crossed.plan.config.crossover and not crossed.plan.config.producer_fences and crossed.plan.config.skip_unmoved
     assert re.search(r"^\s+producer_fences\s+False\s+crossover: the producer fences what it shares", crossed.explain(), re.M)
     assert "static constexpr bool kProducerFences = true;" in render(with_config(page1.plan, ["producer_fences=true"]))
-    on = with_config(seesaw, ["skip_unmoved=true", "stages=2"])
-    assert on.config.skip_unmoved and on.config.stages == 2 and on.config.tile_n == seesaw.config.tile_n
-    assert "static constexpr bool kSkipUnmoved = true;" in render(on)
-    assert "static constexpr bool kSkipUnmoved = false;" in render(seesaw)
+    off = with_config(seesaw, ["skip_unmoved=false", "stages=2"])
+    assert not off.config.skip_unmoved and off.config.stages == 2 and off.config.tile_n == seesaw.config.tile_n
+    assert "static constexpr bool kSkipUnmoved = false;" in render(off)
+    assert "static constexpr bool kSkipUnmoved = true;" in render(seesaw)
     with pytest.raises(ValueError, match="'skip_unmovd=true': expected FIELD=VALUE with FIELD a field of the hopper kernel config"):
         with_config(seesaw, ["skip_unmovd=true"])
     with pytest.raises(ValueError, match="'skip_unmoved=yes': VALUE is true, false or an int"):

@@ -405,8 +405,9 @@ class HopperFamily(Family):
              "before S_b, so stage a's late boxes are free before tile b lands" if converts else
              "not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)" if seesaw else
              "seesaw only"),
-            ("skip_unmoved", "not chosen: not measured on a GPU yet (the same bits by construction, which "
-             "tests/test_gpu.py checks; a same-process A/B decides: bench/ab_build.py --config skip_unmoved=true)" if seesaw and not relay else
+            ("skip_unmoved", "chosen: a warp skips a rescale of O where none of its 16 rows moved its max "
+             "(the same bits; same-process A/B, H200, bf16 MLA b=128: s_q 2 0.973, s_q 1 0.962, h_q 64 0.964, "
+             "b=8 0.988, b=1 1.000 of the time without)" if seesaw and not relay else
              "seesaw only; not with the relay (with the vote in both groups or in WG1 alone its part kernels "
              "spilled 36-48 bytes, ptxas)" if relay else
              "seesaw only (with the vote the stacked groups spilled 4-20 bytes, 48-64 with an fp8 run, ptxas)"),
@@ -434,9 +435,12 @@ class HopperFamily(Family):
             ("producer_fences", "crossover: the producer fences what it shares; the consumers fence nothing" if crossover else
              "a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL "
              "(the consumers need no fence)" if tma_rows else
+             "chosen: the producer lands and fences each group of its fp8 boxes once (group_fence); the group's "
+             "16-bit boxes (the rope) ride that fence, and the consumers fence nothing (same-process A/B, H200, "
+             "sparse fp8 relay b=128: h_q 128 s_q 2 0.993, s_q 1 0.996, h_q 64 0.994)" if group_fence else
              "not chosen: each 16-bit box's FULL counts its copies as they land (cp.async.mbarrier.arrive) and the "
-             "consumers fence a group of boxes after its FULLs; not measured on a GPU yet (the same bits, which "
-             "tests/test_gpu.py checks; a same-process A/B decides: bench/ab_build.py --config producer_fences=true)"),
+             "consumers fence a group after its FULLs; the producer waiting for its copies instead measured slower "
+             "(same-process A/B, H200, b=128 page 1: MLA s_q 2 1.037, s_q 1 1.054, GLA-2 s_q 2 1.025)"),
             ("scale_record_bytes", records_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),
@@ -454,10 +458,10 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
-            value_first=converts and not relay, slots_ahead=converts, relay=relay, skip_unmoved=False,
+            value_first=converts and not relay, slots_ahead=converts, relay=relay, skip_unmoved=seesaw and not relay,
             group_fence=group_fence,
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
-            tma_rows=tma_rows, producer_fences=tma_rows > 0 and not crossover,
+            tma_rows=tma_rows, producer_fences=(tma_rows > 0 or group_fence) and not crossover,
             boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,

@@ -64,7 +64,7 @@ struct Config {
   static constexpr bool kCrossover = false;  // no fp8 run to share
   static constexpr bool kValueFirst = false;  // not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)
   static constexpr bool kRelay = false;  // not chosen: both consumer warp groups compute scores (the products set the pace; relay measured 1.07 of the seesaw's time on bf16 MLA)
-  static constexpr bool kSkipUnmoved = false;  // not chosen: not measured on a GPU yet (the same bits by construction, which tests/test_gpu.py checks; a same-process A/B decides: bench/ab_build.py --config skip_unmoved=true)
+  static constexpr bool kSkipUnmoved = true;  // chosen: a warp skips a rescale of O where none of its 16 rows moved its max (the same bits; same-process A/B, H200, bf16 MLA b=128: s_q 2 0.973, s_q 1 0.962, h_q 64 0.964, b=8 0.988, b=1 1.000 of the time without)
   static constexpr bool kSlotsAhead = false;  // not chosen: the producer does not set the pace
   static constexpr bool kGroupFence = false;  // no fp8 run
   static constexpr int kConsumerRegisters = 216;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas)
