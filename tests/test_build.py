@@ -329,9 +329,11 @@ def test_crossover_barriers_are_cta_scope_and_its_consumers_do_not_fence(tmp_pat
     to MEMBAR.ALL.GPU and an L1 invalidation, CCTL.IVALL, each time: hopper/cluster.cuh), and its
     consumers issuing no proxy fence for a crossover box: in the PTX of the sparse example (a
     crossover plan) no `.release.cluster` / `.acquire.cluster` mbarrier operation, remote arrivals
-    present, and fewer proxy fences than the same spec without `crossover` issues."""
-    def ptx(text: str) -> str:
-        plan = compile_quiet(text).plan
+    present, and fewer proxy fences than the same spec without `crossover` issues where its
+    consumers fence its 16-bit box (producer_fences off: the relay takes it on, which leaves the
+    consumers no fence either)."""
+    def ptx(text: str, *choices) -> str:
+        plan = with_config(compile_quiet(text).plan, choices)
         source = tmp_path / f"{plan.name}_{plan.config.crossover}.cu"
         source.write_text(attncc.render.render(plan))
         out = source.with_suffix(".ptx")
@@ -346,5 +348,5 @@ def test_crossover_barriers_are_cta_scope_and_its_consumers_do_not_fence(tmp_pat
     assert compile_quiet(text).plan.config.crossover
     assert "mbarrier.arrive.shared::cluster.b64" in crossover
     assert not re.search(r"mbarrier\.\S*(release|acquire)\.cluster", crossover)
-    alone = ptx(without_crossover(text, "mla_fp8_sparse_alone"))
+    alone = ptx(without_crossover(text, "mla_fp8_sparse_alone"), "producer_fences=false")
     assert crossover.count("fence.proxy.async") < alone.count("fence.proxy.async")
