@@ -60,12 +60,13 @@ for name, path, heads, page in CONFIGS:
         raise SystemExit(f"--config {', '.join(unknown)}: a field of no family's kernel config")
     if missing:
         print(tag, name, f"({plan.family}: no {', '.join(missing)}; built as lowered)")
-    plan = testing.with_config(plan, [c for c in args.config if c not in missing])
+    applied = [c for c in args.config if c not in missing]
+    plan = testing.with_config(plan, applied)
     build_dir = out_dir / f"build_{tag}_{name}"
     library, kernels, _ = compile_source(plan, build_dir, progress=False)
     shutil.copy(library, out_dir / f"{tag}_{name}.so")
     # what the library is a build of, for bench/ab.py's check (it drives the spec at these values)
     (out_dir / f"{tag}_{name}.json").write_text(json.dumps(
-        {"spec": path, "heads_q": heads, "page_size": page, "config": [c for c in args.config if c not in missing]}))
+        {"spec": path, "heads_q": heads, "page_size": page, "config": applied}))
     shutil.rmtree(build_dir)
     print(tag, name, [(k.function.split("(")[0].split("::")[-1], k.registers) for k in kernels])

@@ -129,8 +129,9 @@ def seesaw_of(plan):
     assert cfg.relay
     group_fence = hopper.fences_groups(True, crossover=cfg.crossover, relay=False, seesaw=True)  # (relay: fp8 runs)
     return dataclasses.replace(plan, config=dataclasses.replace(
-        cfg, relay=False, value_first=True, skip_unmoved=True, group_fence=group_fence,
-        producer_fences=group_fence and not cfg.crossover,  # hopper.py's rule (a relay plan is cp.async)
+        cfg, relay=False, value_first=True, skip_unmoved=hopper.skips_unmoved(seesaw=True, relay=False),
+        group_fence=group_fence,
+        producer_fences=hopper.fences_in_producer(tma_rows=cfg.tma_rows, group_fence=group_fence, crossover=cfg.crossover),
         consumer_registers=hopper.CONSUMER_REGISTERS,
         wg1_registers=hopper.CONSUMER_REGISTERS, producer_registers=hopper.PRODUCER_REGISTERS))
 

@@ -88,6 +88,19 @@ def fences_groups(fp8: bool, *, crossover: bool, relay: bool, seesaw: bool) -> b
     return fp8 and not crossover and (relay or not seesaw)
 
 
+def skips_unmoved(*, seesaw: bool, relay: bool) -> bool:
+    """The plan's skip_unmoved: the seesaw's consumers skip a warp's unmoved rescales of O (the
+    relay's and the stacked groups spilled with the vote). Also what a forced schedule takes."""
+    return seesaw and not relay
+
+
+def fences_in_producer(*, tma_rows: int, group_fence: bool, crossover: bool) -> bool:
+    """The plan's producer_fences: a TMA plan's rare cp.async tiles, and a group-fenced fp8 plan's
+    16-bit boxes (they ride the group's fence); not crossover (its producer fences what it
+    shares). Also what a forced schedule takes."""
+    return (tma_rows > 0 or group_fence) and not crossover
+
+
 @dataclass(frozen=True, kw_only=True)
 class HopperConfig(KernelConfig):
     seesaw: bool              # two consumer warp groups split the output's columns (else stacked:
@@ -458,10 +471,12 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
-            value_first=converts and not relay, slots_ahead=converts, relay=relay, skip_unmoved=seesaw and not relay,
+            value_first=converts and not relay, slots_ahead=converts, relay=relay,
+            skip_unmoved=skips_unmoved(seesaw=seesaw, relay=relay),
             group_fence=group_fence,
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
-            tma_rows=tma_rows, producer_fences=(tma_rows > 0 or group_fence) and not crossover,
+            tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
+                                                                  crossover=crossover),
             boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
