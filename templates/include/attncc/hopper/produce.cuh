@@ -256,10 +256,10 @@ struct TileTokens {
         const uint32_t dst = T::stage_box(sbase, stage, box);
 #pragma unroll
         for (int k = 0; k < kMine; ++k) cp_async_16_at(dst + sw128(row(p, k), p % 8), base, off[k][src.tensor], valid[k]);
-        if constexpr (!Cfg::kCrossover && !producer_fences_cp_async<Cfg>()) cp_async_arrive(T::full(sbase, stage, box));
+        if constexpr (!Cfg::kCrossover && !Cfg::kProducerFences) cp_async_arrive(T::full(sbase, stage, box));
       }
     });
-    if constexpr (producer_fences_cp_async<Cfg>() && Cfg::kTmaRows > 0) {  // a TMA plan's cp.async tile: landed, fenced, then FULL
+    if constexpr (Cfg::kProducerFences && Cfg::kTmaRows > 0) {  // a TMA plan's cp.async tile: landed, fenced, then FULL
       static_assert(!has_fp8<Cfg>(), "TMA plans have no fp8 runs");
       cp_async_commit();
       cp_async_wait<0>();
@@ -436,10 +436,11 @@ struct TileTokens {
   }
   // Whether the producer lands the 16-bit boxes it copies: a cp.async plan's producer_fences (a TMA
   // plan's rare cp.async tiles are landed in issue_boxes itself).
-  __host__ __device__ static constexpr bool lands_16bit() { return producer_fences_cp_async<Cfg>() && Cfg::kTmaRows == 0; }
+  __host__ __device__ static constexpr bool lands_16bit() { return Cfg::kProducerFences && Cfg::kTmaRows == 0; }
   __host__ __device__ static constexpr bool has_landed_16bit_box(int from, int to) {
+    if (!lands_16bit()) return false;
     for (int b = from; b < to; ++b)
-      if (lands_16bit() && !is_fp8(Cfg::kSources[box_source<Cfg>(b)].dtype)) return true;
+      if (!is_fp8(Cfg::kSources[box_source<Cfg>(b)].dtype)) return true;
     return false;
   }
   // Whether the producer waits for some box of [from, to) to land (its cp.async group): to convert

@@ -63,20 +63,13 @@ __host__ __device__ constexpr bool fp8_pairs_in_groups(int early) {
   return true;
 }
 
-// Whether the producer fences the 16-bit boxes it copies by cp.async itself (the plan's
-// producer_fences; produce.cuh: TileTokens), so that its consumers need no fence: a TMA plan's
-// rare cp.async tiles (a sequence's partial last tile, a bad page number; every other tile lands
-// through the async proxy), or every tile of a cp.async plan that chose it.
-template <class Cfg>
-__host__ __device__ constexpr bool producer_fences_cp_async() {
-  return Cfg::kProducerFences;
-}
-
 // Whether the consumers fence box `box` to the async proxy after its FULL wait (tile.cuh: scores):
 // only where its writer could not. An fp8 box is stored converted by the producer, which fences
 // before it arrives (produce.cuh: convert_pair); a TMA plan's boxes land through the async proxy
-// or are fenced by the producer (above); a 16-bit box of a cp.async plan is counted on FULL when
-// its copies land, with no thread of the producer between them and the consumers' wgmma.
+// or, its rare cp.async tiles, are fenced by the producer (the plan's producer_fences, as a
+// group-fenced fp8 plan's 16-bit boxes are: produce.cuh, TileTokens::lands_16bit); any other
+// 16-bit box of a cp.async plan is counted on FULL when its copies land, with no thread of the
+// producer between them and the consumers' wgmma.
 // Crossover: none; the producer fences what it landed before it shares it (produce.cuh:
 // share_group), and the peer's st.async bytes complete FULL's transactions (FlashMLA's consumers
 // read them so; fencing every box measured 1.014 of this, bench/RESULTS.md session 33).
@@ -84,7 +77,7 @@ template <class Cfg>
 __host__ __device__ constexpr bool consumer_fences(int box) {
   if (Cfg::kCrossover) return false;
   if (is_fp8(Cfg::kSources[box_source<Cfg>(box)].dtype)) return false;
-  return !producer_fences_cp_async<Cfg>();
+  return !Cfg::kProducerFences;
 }
 
 // Where a role is in its stream of tiles, across the pieces it walks: per stage the parity of
