@@ -169,7 +169,10 @@ def _fill(spec: Spec, cache, tokens: int, device, gen) -> None:
         storage.write(spec, cache, slots, values)
 
 
-def inputs(spec: Spec, cfg: Config, device="cuda", seed: int = 0) -> testing.Case:
+def inputs(spec: Spec, cfg: Config, device="cuda", seed: int = 0, ordered_pages: bool = False) -> testing.Case:
+    """A call's inputs: a random cache larger than L2, its pages in random order (in order, page i
+    of sequence s at s * pages_per_seq + i, with ordered_pages: a diagnostic of what the
+    scattered pages cost)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     P = spec.page_size
     lengths = cfg.lengths(seed)
@@ -180,6 +183,8 @@ def inputs(spec: Spec, cfg: Config, device="cuda", seed: int = 0) -> testing.Cas
     q = torch.randn(cfg.batch, cfg.s_q, spec.heads_q, spec.d_k, device=device, generator=gen)
     q = q.to(storage.torch_dtype(spec.elem))
     order = torch.randperm(pages, device=device, generator=gen).to(torch.int32)
+    if ordered_pages:
+        order = torch.arange(pages, device=device, dtype=torch.int32)
     table = order.view(cfg.batch, pages_per_seq)
     if spec.sparse:
         return testing.Case(q, cache, None, None, _topk_slots(spec, cfg, table, gen))

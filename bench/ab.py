@@ -1,7 +1,7 @@
 """Same-process A/B of two builds of one plan's kernel library (GPU).
 
     python3 bench/ab.py SPEC A.so B.so [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64]
-                        [--rounds 15] [--spec-b SPEC_B] [--splits-a N --splits-b N]
+                        [--rounds 15] [--spec-b SPEC_B] [--splits-a N --splits-b N] [--ordered-pages]
 
 Both libraries get the same inputs (attncc.bench.inputs: random cache larger than L2, pages
 in random order) through the same AttnccArgs; each round times one call of A and one of B
@@ -117,6 +117,8 @@ def main(argv=None) -> int:
     ap.add_argument("--splits-a", type=int, default=0, help="A's num_splits as the op takes it: 0 the launch's "
                     "choice, n splits, -p balanced parts (A.so and B.so may then be one library)")
     ap.add_argument("--splits-b", type=int, default=0, help="... B's")
+    ap.add_argument("--ordered-pages", action="store_true", help="each sequence's pages in order (a diagnostic "
+                    "of what the random page order costs), not shuffled")
     args = ap.parse_args(argv)
 
     def built_as(lib: str):
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
     specs = {"A": spec, "B": spec_b}
     libs = {"A": load(args.a), "B": load(args.b)}
     cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
-    case = bench.inputs(spec, cfg)
+    case = bench.inputs(spec, cfg, ordered_pages=args.ordered_pages)
     requested = {"A": args.splits_a, "B": args.splits_b}
     launches = {name: make_args(Kernel(specs[name]).plan, lib, case, specs[name], requested=requested[name])
                 for name, lib in libs.items()}
@@ -177,7 +179,7 @@ def main(argv=None) -> int:
     checks = {n: testing.compare(spec, sub, launches[n][1][0][rows], launches[n][1][1][rows]) for n in libs}
     ma, mb = statistics.median(times["A"]), statistics.median(times["B"])
     flagged = [n for n in libs if launches[n][1][4] is not None and int(launches[n][1][4].item())]
-    print(f"{spec.name} {cfg.label()} splits/parts {launches['A'][2]}/{launches['B'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
+    print(f"{spec.name} {cfg.label()}{' ordered pages' if args.ordered_pages else ''} splits/parts {launches['A'][2]}/{launches['B'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
           f"B/A {mb / ma:.4f}, outputs {'bitwise equal' if same else 'differ'}; "
           + "; ".join(f"{n} vs reference: {'ok' if c.ok else 'WRONG'} ({c})" for n, c in checks.items())
           + (f", FLAGGED a bad value on good inputs: {flagged}" if flagged else ""))
