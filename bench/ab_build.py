@@ -6,7 +6,7 @@ e.g. a worktree of c98427d as `old` and . as `new`, or . twice, once with a kern
 choice the lowering does not take (`--config skip_unmoved=true`, attncc.testing.with_config; a
 configuration whose family's config lacks the field is built as lowered, and says so).
 Writes OUTDIR/TAG_mla.so (MLA h_q 128), TAG_mla_h64.so, TAG_mla_h16.so, TAG_mla_p1.so (page 1), TAG_mla_p16.so,
-TAG_gla2.so (GLA-2 h_q 128), TAG_gla2_p1.so, TAG_gla2_seesaw.so (the same with `seesaw`) and
+TAG_gla2.so (GLA-2 h_q 128), TAG_gla2_p1.so, TAG_gla2_p16.so, TAG_gla2_seesaw.so (the same with `seesaw`) and
 TAG_sparse_fp8{,_h64}.so (bench/sparse_fp8.attn), those whose spec REPO has, each built
 by REPO's own lowering and templates, and beside each TAG_name.json (the spec, h_q, page size
 and overrides it was built with, which bench/ab.py checks); carry OUTDIR to the device."""
@@ -47,6 +47,7 @@ CONFIGS = (("mla", "examples/mla.attn", 128, 64), ("mla_h64", "examples/mla.attn
            ("mla_h16", "examples/mla.attn", 16, 64), ("mla_p1", "examples/mla.attn", 128, 1),
            ("mla_p16", "examples/mla.attn", 128, 16),
            ("gla2", "examples/gla2.attn", 128, 64), ("gla2_p1", "examples/gla2.attn", 128, 1),
+           ("gla2_p16", "examples/gla2.attn", 128, 16),
            ("gla2_seesaw", "bench/gla2_seesaw.attn", 128, 64),
            ("sparse_fp8", "bench/sparse_fp8.attn", 128, 64), ("sparse_fp8_h64", "bench/sparse_fp8.attn", 64, 64))
 out_dir.mkdir(parents=True, exist_ok=True)

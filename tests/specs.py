@@ -68,6 +68,7 @@ EXTRA = {
     "mla_page1_h128": mla(page=1, heads=128),
     "mla_page5_h64": mla(page=5, heads=64),
     "mla_page64_h64": mla(page=64, heads=64, sq=1, causal=False),
+    "mla_page32_h128": mla(page=32, heads=128),  # TMA tiles of two pages (page 16: four, mla_page16)
     # ... and GLA-shaped values on it: 256 wide (halves of 128) at page 5 (cp.async), 128 wide
     # (halves of 64) at page 64 (TMA); the rope shared by the kv heads
     "gla2_page5": gla("gla2_page5", heads=128, kv=2, page=5),

@@ -146,8 +146,11 @@ CHOICES = [
     *[(name, "skip_unmoved=false") for name in ("mla", "mla_page1_h128", "gla2_seesaw", "sparse_bf16_h128",
                                                  "mla_fp8_crossover", "mla_fp8_per128_h64~seesaw")],
     # producer_fences=true where not taken: the producer lands and fences a bf16 cp.async plan's
-    # boxes (seesaw pages 1 and 16, stacked page 5, sparse bf16), the consumers fence none
-    *[(name, "producer_fences=true") for name in ("mla_page1_h128", "mla_page16", "gla2_page5", "sparse_bf16_h128")],
+    # boxes (seesaw page 1, stacked page 5, sparse bf16), the consumers fence none
+    *[(name, "producer_fences=true") for name in ("mla_page1_h128", "gla2_page5", "sparse_bf16_h128")],
+    # tma_rows=0: a page-16 plan's tiles by cp.async (the producer landing and fencing them), not a
+    # TMA copy a page and box
+    ("mla_page16", "tma_rows=0"),
     # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],

@@ -62,6 +62,8 @@ TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by bo
 STACKED_TILE_M = 128   # ... (stacked): one wgmma M per consumer warp group
 STACKED_MAX_COLS = 256  # the widest value one warp group holds (64 x 256 fp32: 128 registers a thread)
 TILE_N = 64            # tokens of a KV tile (a P tile is then one box)
+TMA_MAX_PAGES = 4      # pages of a TMA tile (page 16 or 32): the seesaw's producer holds the page numbers of
+                       # four tiles (at page 8, eight a tile, the part kernels spilled 8-32 bytes, ptxas)
 PAIR_STAGES = 2        # a pair of tiles, the seesaw's unit, in two stages
 MAX_SETS = 2           # sets of a pair's stages in flight where shared memory holds them
 MAX_STACKED_STAGES = 4  # stacked: tiles in flight where shared memory holds them
@@ -253,21 +255,26 @@ class HopperFamily(Family):
     @staticmethod
     def _tma_rows(spec: Spec, layout: Layout) -> tuple[int, str]:
         """Tokens per TMA copy of a box (0: the producer copies by cp.async), and why. Where a
-        tile's 64 tokens are one run of a page (P a multiple of 64) a box is one TMA copy; tiles
-        a copy cannot take whole (a token past the CTA's view, a bad page number) go by
-        cp.async, which zero-fills and flags those tokens. Smaller pages stay on cp.async:
-        copies of 16-row runs (page 16) measured slower than cp.async (H200, MLA h_q 128
-        s_q 1: 643 us against 592, bench/RESULTS.md, session 12)."""
+        tile's 64 tokens are one run of a page (P a multiple of 64) a box is one TMA copy; where
+        they are 2 or 4 whole pages (P 32 or 16) a box is a copy a page, each into its rows of
+        the box; tiles a copy cannot take whole (a token past the CTA's view, a bad page number)
+        go by cp.async, which zero-fills and flags those tokens. Other pages stay on cp.async."""
         if spec.sparse:
             return 0, "cp.async: sparse top-k, a tile's tokens are wherever its indices say"
         if layout.fp8:
             return 0, ("cp.async: fp8 runs are dequantized by the producer (raw bytes and scales "
                        "copied into the stage, converted in place), 16-bit runs copied beside them")
-        if spec.page_size % TILE_N:
+        if spec.page_size % TILE_N and (TILE_N % spec.page_size or TILE_N // spec.page_size > TMA_MAX_PAGES):
             return 0, (f"cp.async: page {spec.page_size} splits a tile's {TILE_N} tokens over "
-                       "pages (TMA copies of the runs measured slower)")
+                       f"{'more than ' + str(TMA_MAX_PAGES) + ' pages' if TILE_N % spec.page_size == 0 else 'pages unevenly'} "
+                       "(a TMA tile holds at most "
+                       f"{TMA_MAX_PAGES} whole pages: their page numbers, four tiles ahead, in the producer's registers)")
         if any(t.head_axis for t in layout.tensors):
             return 0, "cp.async: a cache tensor with a head axis (its stride is the call's)"
+        if spec.page_size < TILE_N:
+            pages = TILE_N // spec.page_size
+            return spec.page_size, (f"TMA: a tile's {TILE_N} tokens are {pages} whole pages, a copy per "
+                                    "page and box; a tile with a token outside the view by cp.async")
         return TILE_N, (f"TMA: a tile's {TILE_N} tokens are one run of a page (page "
                         f"{spec.page_size}), a copy per box; a tile with a token outside the view "
                         "by cp.async")

@@ -540,22 +540,27 @@ struct TileTokens {
   }
 };
 
-// A tile for TMA: its tokens are tokens [token, token + tile_n) of page `page`; `whole` when
-// every token is inside the view and the page number valid (else the tile goes by cp.async,
-// which zero-fills and flags what is not).
+// A tile for TMA: its tokens are tokens [token, token + tile_n) of page `page[0]` (a page of
+// tile_n tokens or more), or the kPages whole pages page[0..kPages) (a page of kTmaRows < tile_n
+// tokens: rows j kTmaRows .. of every box from page[j]); `whole` when every token is inside the
+// view and every page number valid (else the tile goes by cp.async, which zero-fills and flags
+// what is not).
 template <class Cfg>
 struct TmaTile {
-  int page, token;
+  static constexpr int kPages = Cfg::kTmaRows > 0 ? Cfg::kTileN / Cfg::kTmaRows : 1;
+  int page[kPages], token;
   bool whole;
 
   __host__ __device__ static constexpr bool issues_ahead() { return false; }  // (fill_stage)
 
   __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile) {
     const int pos0 = tile * Cfg::kTileN;
-    whole = pos0 + Cfg::kTileN <= ss.limit;  // then its page number is inside the row
-    page = whole ? __ldg(ss.row + pos0 / Cfg::kPageSize) : 0;
+    whole = pos0 + Cfg::kTileN <= ss.limit;  // then its page numbers are inside the row
+#pragma unroll
+    for (int j = 0; j < kPages; ++j) page[j] = whole ? __ldg(ss.row + pos0 / Cfg::kPageSize + j) : 0;
     token = pos0 % Cfg::kPageSize;
-    whole = whole && static_cast<unsigned>(page) < static_cast<unsigned>(a.num_pages);
+#pragma unroll
+    for (int j = 0; j < kPages; ++j) whole = whole && static_cast<unsigned>(page[j]) < static_cast<unsigned>(a.num_pages);
   }
 
   // The tile's flags, no token without a slot, and FLAGS: thread 0's alone (an arrival counting
@@ -570,7 +575,7 @@ struct TmaTile {
   }
 
   // Boxes [kFrom, kTo) of stage `stage`: thread 0 expects each box's bytes on its FULL, issues its
-  // copy and arrives for the whole producer (FULL counts 128: a cp.async tile's arrivals); 128
+  // copies (one a page) and arrives for the whole producer (FULL counts 128: a cp.async tile's arrivals); 128
   // arrivals on one mbarrier a box cost ~100 cycles each box on the producer's critical path.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int stage, int head, int p) const {
@@ -582,7 +587,9 @@ struct TmaTile {
       const uint32_t bar = T::full(sbase, stage, box);
       mbarrier_arrive_expect_tx(bar, Cfg::kBoxBytes);
       const int col = (src.offset_bytes + head * src.head_stride_bytes) / 2 + box * kBoxCols - src.smem_col;
-      tma_load_3d(T::stage_box(sbase, stage, box), &maps.map[src.tensor], col, token, page, bar);
+#pragma unroll
+      for (int j = 0; j < kPages; ++j)  // (a page's rows at a multiple of 1024 bytes: the swizzle's atom)
+        tma_load_3d(T::stage_box(sbase, stage, box) + j * Cfg::kTmaRows * 128, &maps.map[src.tensor], col, token, page[j], bar);
       mbarrier_arrive(bar, kGroupThreads - 1);
     });
   }

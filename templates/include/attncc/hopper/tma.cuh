@@ -4,8 +4,9 @@
 // Each cache tensor is described to the TMA unit as a 3-D tensor of 16-bit elements
 //     { record (kTokenStride / 2 elements), token of a page (P), page (num_pages) }
 // at the call's token and page strides (abi.h: multiples of 16 bytes, a 16-byte aligned base),
-// copied in boxes of { 64 columns, kTmaRows (= tile_n) tokens, 1 page } with the 128-byte
-// swizzle: a box lands in a stage's box (1024-byte aligned) exactly as the consumers' wgmma
+// copied in boxes of { 64 columns, kTmaRows tokens, 1 page } with the 128-byte swizzle: a box of
+// tile_n tokens (a page of tile_n or more), or of a whole page of kTmaRows (a multiple of 8) at
+// row j kTmaRows of it, lands in a stage's box (1024-byte aligned) exactly as the consumers' wgmma
 // descriptors read it (sw128). The maps are built by the host per launch (a pure host
 // function, no device work) and passed as a __grid_constant__ parameter.
 #pragma once
