@@ -148,9 +148,9 @@ CHOICES = [
     # producer_fences=true where not taken: the producer lands and fences a bf16 cp.async plan's
     # boxes (seesaw page 1, stacked page 5, sparse bf16), the consumers fence none
     *[(name, "producer_fences=true") for name in ("mla_page1_h128", "gla2_page5", "sparse_bf16_h128")],
-    # tma_rows=0: a page-16 plan's tiles by cp.async (the producer landing and fencing them), not a
-    # TMA copy a page and box
-    ("mla_page16", "tma_rows=0"),
+    # tma_rows=P: a page-16 or page-32 plan's tiles by TMA, a copy a page and box (4 or 2 a box),
+    # not cp.async
+    ("mla_page16", "tma_rows=16"), ("mla_page32_h128", "tma_rows=32"),
     # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],

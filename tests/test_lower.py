@@ -833,12 +833,12 @@ def test_the_hopper_family_leaves_a_group_under_64_to_mma_sync(heads):
 
 @pytest.mark.parametrize("page, rows, words", [
     (64, 64, "TMA: a tile's 64 tokens are one run of a page"), (128, 64, "TMA"),
-    (256, 64, "TMA"), (16, 16, "TMA: a tile's 64 tokens are 4 whole pages, a copy per page and box"),
-    (32, 16 * 2, "TMA: a tile's 64 tokens are 2 whole pages"),
+    (256, 64, "TMA"), (16, 0, "cp.async: page 16 splits a tile's 64 tokens into 4 pages (a TMA copy a page"),
+    (32, 0, "cp.async: page 32 splits a tile's 64 tokens into 2 pages"),
     (8, 0, "cp.async: page 8 splits a tile's 64 tokens over more than 4 pages"),
     (1, 0, "cp.async: page 1"), (5, 0, "cp.async: page 5 splits a tile's 64 tokens over pages unevenly"),
     (96, 0, "cp.async: page 96")])
-def test_the_hopper_family_copies_by_tma_where_a_tile_is_whole_pages(page, rows, words):
+def test_the_hopper_family_copies_by_tma_where_a_tile_is_one_run_of_a_page(page, rows, words):
     k = attncc.compile(mla(page=page))
     assert k.plan.family == "hopper" and k.plan.config.tma_rows == rows
     assert re.search(r"^\s+tma_rows\s+" + str(rows) + r"\s+" + re.escape(words), k.explain(), re.M)

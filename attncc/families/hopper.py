@@ -256,9 +256,10 @@ class HopperFamily(Family):
     def _tma_rows(spec: Spec, layout: Layout) -> tuple[int, str]:
         """Tokens per TMA copy of a box (0: the producer copies by cp.async), and why. Where a
         tile's 64 tokens are one run of a page (P a multiple of 64) a box is one TMA copy; where
-        they are 2 or 4 whole pages (P 32 or 16) a box is a copy a page, each into its rows of
-        the box; tiles a copy cannot take whole (a token past the CTA's view, a bad page number)
-        go by cp.async, which zero-fills and flags those tokens. Other pages stay on cp.async."""
+        they are 2 or 4 whole pages (P 32 or 16) the kernels can copy a box a page at a time,
+        each into its rows of the box (tma_rows = P; not chosen until measured); tiles a copy
+        cannot take whole (a token past the CTA's view, a bad page number) go by cp.async,
+        which zero-fills and flags those tokens. Other pages stay on cp.async."""
         if spec.sparse:
             return 0, "cp.async: sparse top-k, a tile's tokens are wherever its indices say"
         if layout.fp8:
@@ -272,9 +273,11 @@ class HopperFamily(Family):
         if any(t.head_axis for t in layout.tensors):
             return 0, "cp.async: a cache tensor with a head axis (its stride is the call's)"
         if spec.page_size < TILE_N:
-            pages = TILE_N // spec.page_size
-            return spec.page_size, (f"TMA: a tile's {TILE_N} tokens are {pages} whole pages, a copy per "
-                                    "page and box; a tile with a token outside the view by cp.async")
+            # (the kernels copy such tiles by TMA where a plan says tma_rows = P: built and tested
+            # in CI, not yet measured against cp.async on the device, so not chosen)
+            return 0, (f"cp.async: page {spec.page_size} splits a tile's {TILE_N} tokens into "
+                       f"{TILE_N // spec.page_size} pages (a TMA copy a page and box, tma_rows = "
+                       f"{spec.page_size}, is built but not yet measured)")
         return TILE_N, (f"TMA: a tile's {TILE_N} tokens are one run of a page (page "
                         f"{spec.page_size}), a copy per box; a tile with a token outside the view "
                         "by cp.async")
