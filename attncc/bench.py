@@ -182,8 +182,8 @@ def inputs(spec: Spec, cfg: Config, device="cuda", seed: int = 0, ordered_pages:
     _fill(spec, cache, pages * P, device, gen)
     q = torch.randn(cfg.batch, cfg.s_q, spec.heads_q, spec.d_k, device=device, generator=gen)
     q = q.to(storage.torch_dtype(spec.elem))
-    order = torch.randperm(pages, device=device, generator=gen).to(torch.int32)
-    if ordered_pages:
+    order = torch.randperm(pages, device=device, generator=gen).to(torch.int32)  # (drawn either way: the
+    if ordered_pages:                                                           # later draws stay the same)
         order = torch.arange(pages, device=device, dtype=torch.int32)
     table = order.view(cfg.batch, pages_per_seq)
     if spec.sparse:

@@ -265,19 +265,20 @@ class HopperFamily(Family):
         if layout.fp8:
             return 0, ("cp.async: fp8 runs are dequantized by the producer (raw bytes and scales "
                        "copied into the stage, converted in place), 16-bit runs copied beside them")
-        if spec.page_size % TILE_N and (TILE_N % spec.page_size or TILE_N // spec.page_size > TMA_MAX_PAGES):
-            return 0, (f"cp.async: page {spec.page_size} splits a tile's {TILE_N} tokens over "
-                       f"{'more than ' + str(TMA_MAX_PAGES) + ' pages' if TILE_N % spec.page_size == 0 else 'pages unevenly'} "
-                       "(a TMA tile holds at most "
-                       f"{TMA_MAX_PAGES} whole pages: their page numbers, four tiles ahead, in the producer's registers)")
+        page = spec.page_size
+        if page % TILE_N and TILE_N % page:
+            return 0, f"cp.async: page {page} splits a tile's {TILE_N} tokens over pages unevenly"
+        if page % TILE_N and TILE_N // page > TMA_MAX_PAGES:
+            return 0, (f"cp.async: page {page} splits a tile's {TILE_N} tokens over more than {TMA_MAX_PAGES} pages "
+                       f"(a TMA tile holds at most {TMA_MAX_PAGES}: the seesaw's producer keeps four tiles' page "
+                       "numbers in registers)")
         if any(t.head_axis for t in layout.tensors):
             return 0, "cp.async: a cache tensor with a head axis (its stride is the call's)"
-        if spec.page_size < TILE_N:
-            # (the kernels copy such tiles by TMA where a plan says tma_rows = P: built and tested
-            # in CI, not yet measured against cp.async on the device, so not chosen)
-            return 0, (f"cp.async: page {spec.page_size} splits a tile's {TILE_N} tokens into "
-                       f"{TILE_N // spec.page_size} pages (a TMA copy a page and box, tma_rows = "
-                       f"{spec.page_size}, is built but not yet measured)")
+        if page < TILE_N:
+            # (the kernels copy such tiles by TMA where a plan says tma_rows = P: built in CI, not
+            # yet measured against cp.async on the device, so not chosen)
+            return 0, (f"cp.async: page {page} splits a tile's {TILE_N} tokens into {TILE_N // page} pages "
+                       f"(a TMA copy a page and box, tma_rows = {page}, is built but not yet measured)")
         return TILE_N, (f"TMA: a tile's {TILE_N} tokens are one run of a page (page "
                         f"{spec.page_size}), a copy per box; a tile with a token outside the view "
                         "by cp.async")
