@@ -574,23 +574,30 @@ struct TmaTile {
     }
   }
 
-  // Boxes [kFrom, kTo) of stage `stage`: thread 0 expects each box's bytes on its FULL, issues its
-  // copies (one a page) and arrives for the whole producer (FULL counts 128: a cp.async tile's arrivals); 128
-  // arrivals on one mbarrier a box cost ~100 cycles each box on the producer's critical path.
+  // Boxes [kFrom, kTo) of stage `stage`: the copies of page j by lane 0 of the producer's warp
+  // j 128 / kPages (page 64: thread 0 alone), so that the tile's pages are issued side by side;
+  // each issuer expects its page's bytes on the box's FULL, issues its copy and arrives for its
+  // share of the producer (FULL counts 128: a cp.async tile's arrivals); 128 arrivals on one
+  // mbarrier a box cost ~100 cycles each box on the producer's critical path.
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int stage, int head, int p) const {
     using T = HopperTraits<Cfg>;
-    if (p != 0) return;
+    constexpr int kShare = kGroupThreads / kPages;  // the producer threads an issuer arrives for
+    static_assert(kShare % 32 == 0 && kShare * kPages == kGroupThreads, "an issuer a page, each in its own warp");
+    if (kPages == 1 ? p != 0 : p % kShare != 0) return;
+    const int j = kPages == 1 ? 0 : p / kShare;
+    int mine = page[0];  // (page[j] without a dynamic index into the registers)
+#pragma unroll
+    for (int i = 1; i < kPages; ++i) mine = j == i ? page[i] : mine;
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
       constexpr Source src = Cfg::kSources[box_source<Cfg>(box)];
       const uint32_t bar = T::full(sbase, stage, box);
-      mbarrier_arrive_expect_tx(bar, Cfg::kBoxBytes);
+      mbarrier_arrive_expect_tx(bar, Cfg::kBoxBytes / kPages);
       const int col = (src.offset_bytes + head * src.head_stride_bytes) / 2 + box * kBoxCols - src.smem_col;
-#pragma unroll
-      for (int j = 0; j < kPages; ++j)  // (a page's rows at a multiple of 1024 bytes: the swizzle's atom)
-        tma_load_3d(T::stage_box(sbase, stage, box) + j * Cfg::kTmaRows * 128, &maps.map[src.tensor], col, token, page[j], bar);
-      mbarrier_arrive(bar, kGroupThreads - 1);
+      // (a page's rows at a multiple of 1024 bytes: the swizzle's atom)
+      tma_load_3d(T::stage_box(sbase, stage, box) + j * (Cfg::kBoxBytes / kPages), &maps.map[src.tensor], col, token, mine, bar);
+      mbarrier_arrive(bar, kShare - 1);
     });
   }
 };
