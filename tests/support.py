@@ -137,7 +137,7 @@ def seesaw_of(plan):
 
 
 # Kernel-config choices a plan does not take, each on the plans it would change: (spec[~seesaw],
-# FIELD=VALUE): the other side of a choice an A/B made (skip_unmoved, producer_fences: hopper.py's
+# FIELD=VALUE[:FIELD=VALUE...]): the other side of a choice an A/B made (skip_unmoved, producer_fences: hopper.py's
 # explain gives the figures), so that both sides keep building (tests/test_build.py) and giving the
 # same bits (tests/test_gpu.py) and a later A/B can still compare them.
 CHOICES = [
@@ -148,9 +148,9 @@ CHOICES = [
     # producer_fences=true where not taken: the producer lands and fences a bf16 cp.async plan's
     # boxes (seesaw page 1, stacked page 5, sparse bf16), the consumers fence none
     *[(name, "producer_fences=true") for name in ("mla_page1_h128", "gla2_page5", "sparse_bf16_h128")],
-    # tma_rows=P: a page-16 or page-32 plan's tiles by TMA, a copy a page and box (4 or 2 a box),
-    # not cp.async
-    ("mla_page16", "tma_rows=16"), ("mla_page32_h128", "tma_rows=32"),
+    # tma_rows=0 producer_fences=false: a page-16 or page-32 plan's tiles by cp.async, the consumers
+    # fencing, as lowered before TMA took a copy a page and box (seesaw and stacked)
+    *[(name, "tma_rows=0:producer_fences=false") for name in ("mla_page16", "mla_page32_h128", "gla_g96")],
     # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],

@@ -76,8 +76,8 @@ CASES = ([(f"example:{n}", arch) for n in EXAMPLES for arch in ("sm90a", "sm80")
 def case_plan(case: str):
     kind, name = case.split(":", 1)
     if kind == "choice":
-        name, choice = name.split(":")
-        return with_config(form_of(compile_quiet(all_specs()[name.split("~")[0]]).plan, name), [choice])
+        name, _, choice = name.partition(":")
+        return with_config(form_of(compile_quiet(all_specs()[name.split("~")[0]]).plan, name), choice.split(":"))
     if kind == "example":
         return plan_of(name)
     if kind == "extra":

@@ -833,8 +833,8 @@ def test_the_hopper_family_leaves_a_group_under_64_to_mma_sync(heads):
 
 @pytest.mark.parametrize("page, rows, words", [
     (64, 64, "TMA: a tile's 64 tokens are one run of a page"), (128, 64, "TMA"),
-    (256, 64, "TMA"), (16, 0, "cp.async: page 16 splits a tile's 64 tokens into 4 pages (a TMA copy a page"),
-    (32, 0, "cp.async: page 32 splits a tile's 64 tokens into 2 pages"),
+    (256, 64, "TMA"), (16, 16, "TMA: a tile's 64 tokens are 4 whole pages, a copy a page and box, each page's by a producer warp"),
+    (32, 32, "TMA: a tile's 64 tokens are 2 whole pages"),
     (8, 0, "cp.async: page 8 splits a tile's 64 tokens over more than 4 pages"),
     (1, 0, "cp.async: page 1"), (5, 0, "cp.async: page 5 splits a tile's 64 tokens over pages unevenly"),
     (96, 0, "cp.async: page 96")])
