@@ -2,10 +2,12 @@
 // paged cache into 128B-swizzled boxes of a stage, by TMA where the plan's page size allows it
 // (kTmaRows > 0: TmaTile, below) and by cp.async for any page size and any tile TMA cannot take.
 //
-// TMA: a tile whose tokens are all inside the CTA's view, in a page with a valid number, is
-// copied by one thread, a copy per box; that thread's arrivals on FULL expect the box's bytes and
-// count for all 128 producer threads (FULL counts 128, a cp.async tile's arrivals), and it alone
-// writes the tile's flags. Its page number is read a step ahead (kernel.cuh: produce).
+// TMA: a tile whose tokens are all inside the CTA's view, in pages with valid numbers, is
+// copied by lane 0 of the producer's warps, a copy a box and page (TmaTile::copy_boxes says
+// which warp issues which); each issuer's arrival on a box's FULL expects its copy's bytes and
+// counts for its share of the 128 producer threads (FULL counts 128, a cp.async tile's
+// arrivals), and thread 0 alone writes the tile's flags. Its page numbers are read a step ahead
+// (kernel.cuh: produce).
 // cp.async:
 // Producer thread p (0..127) copies 16-byte chunk p % 8 of every box for the tokens
 // p / 8 + 16 k, k < tile_n / 16. Its tokens are fixed for the whole tile, so it turns each into
