@@ -578,7 +578,7 @@ struct TmaTile {
 
   // Boxes [kFrom, kTo) of stage `stage`: page j's copies issued by producer thread j 128 / kPages
   // (lane 0 of a warp; page 16: threads 0, 32, 64, 96; page 64: thread 0 alone), so that the
-  // tile's pages go out side by side (thread 0 issuing page 16's 36 copies alone took 1.18x the
+  // tile's pages go out side by side (thread 0 issuing page 16's 36 copies alone took 1.18-1.20x the
   // time: bench/RESULTS.md, session 38); each issuer expects its page's bytes on the box's FULL,
   // issues its copy and arrives for its share of the producer (FULL counts 128: a cp.async tile's
   // arrivals; 128 arrivals on one mbarrier a box cost ~100 cycles each box on the producer's
