@@ -137,9 +137,10 @@ def seesaw_of(plan):
 
 
 # Kernel-config choices a plan does not take, each on the plans it would change: (spec[~seesaw],
-# FIELD=VALUE[:FIELD=VALUE...]): the other side of a choice an A/B made (skip_unmoved, producer_fences: hopper.py's
-# explain gives the figures), so that both sides keep building (tests/test_build.py) and giving the
-# same bits (tests/test_gpu.py) and a later A/B can still compare them.
+# FIELD=VALUE[:FIELD=VALUE...]): the other side of a choice an A/B made (skip_unmoved,
+# producer_fences, tma_rows: hopper.py's explain gives the figures), so that both sides keep
+# building (tests/test_build.py) and giving the same bits (tests/test_gpu.py) and a later A/B can
+# still compare them.
 CHOICES = [
     # skip_unmoved=false: every rescale of O, as before the vote. The seesaw's forms: bf16, two sets
     # of stages, sparse, crossover with value first, an fp8 seesaw

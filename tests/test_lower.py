@@ -838,7 +838,7 @@ def test_the_hopper_family_leaves_a_group_under_64_to_mma_sync(heads):
     (8, 0, "cp.async: page 8 splits a tile's 64 tokens over more than 4 pages"),
     (1, 0, "cp.async: page 1"), (5, 0, "cp.async: page 5 splits a tile's 64 tokens over pages unevenly"),
     (96, 0, "cp.async: page 96")])
-def test_the_hopper_family_copies_by_tma_where_a_tile_is_one_run_of_a_page(page, rows, words):
+def test_the_hopper_family_copies_by_tma_where_a_tile_is_whole_pages(page, rows, words):
     k = attncc.compile(mla(page=page))
     assert k.plan.family == "hopper" and k.plan.config.tma_rows == rows
     assert re.search(r"^\s+tma_rows\s+" + str(rows) + r"\s+" + re.escape(words), k.explain(), re.M)
