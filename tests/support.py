@@ -152,8 +152,6 @@ CHOICES = [
     # tma_rows=0 producer_fences=false: a page-16 or page-32 plan's tiles by cp.async, the consumers
     # fencing, as lowered before TMA took a copy a page and box (seesaw and stacked)
     *[(name, "tma_rows=0:producer_fences=false") for name in ("mla_page16", "mla_page32_h128", "gla_g96")],
-    # tma_rows=1: every tile by TMA, a copy a token and box (seesaw page 1 and page 16, stacked page 5)
-    *[(name, "tma_rows=1:producer_fences=true") for name in ("mla_page1_h128", "mla_page16", "gla2_page5")],
     # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],

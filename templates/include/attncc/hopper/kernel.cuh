@@ -108,27 +108,22 @@ template <class Cfg>
 __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile,
                                              const TmaTile<Cfg>& tm, int head, uint32_t sbase, unsigned char* smem, int stage, int p,
                                              int parity, int trace_slot, SlotsAhead<Cfg>& ahead) {
-  if constexpr (TmaTile<Cfg>::kEveryTile) {
-    tm.report(a);
-    fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
-  } else {
-    if constexpr (Cfg::kTmaRows > 0) {
-      if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
-    }
-    TileTokens<Cfg> tt;
-    ahead.take(tt, a, ss, tile, p, head, sbase);
-    fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity, trace_slot);
+  if constexpr (Cfg::kTmaRows > 0) {
+    if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
   }
+  TileTokens<Cfg> tt;
+  ahead.take(tt, a, ss, tile, p, head, sbase);
+  fill_stage<Cfg>(tt, a, sbase, smem, stage, head, p, parity, trace_slot);
 }
 
 // Tile `tile` as a TMA tile, its page number read (whole: false where the plan has no TMA, or
 // there is no such tile).
 template <class Cfg>
-__device__ __forceinline__ TmaTile<Cfg> tma_tile(const AttnccArgs& a, const SlotSource& ss, int tile, bool exists, int p) {
+__device__ __forceinline__ TmaTile<Cfg> tma_tile(const AttnccArgs& a, const SlotSource& ss, int tile, bool exists) {
   TmaTile<Cfg> tm;
   tm.whole = false;
   if constexpr (Cfg::kTmaRows > 0) {
-    if (exists) tm.load(a, ss, tile, p);
+    if (exists) tm.load(a, ss, tile);
   }
   return tm;
 }
@@ -151,12 +146,12 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
   SlotsAhead<Cfg> ahead;
   ahead.start(ss, w.tile_begin, p);
   if constexpr (T::kSeesaw) {
-    TmaTile<Cfg> ta = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0, p), tb = tma_tile<Cfg>(a, ss, w.tile_begin + 1, pt.n_iter > 1, p);
+    TmaTile<Cfg> ta = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0), tb = tma_tile<Cfg>(a, ss, w.tile_begin + 1, pt.n_iter > 1);
     for (int it = 0; it < pt.n_iter; it += 2, ++pr.pairs) {
       const bool has_b = it + 1 < pt.n_iter;
       const int sa = 2 * (pr.pairs % T::kSets), sb = sa + 1;
-      const TmaTile<Cfg> na = tma_tile<Cfg>(a, ss, w.tile_begin + it + 2, it + 2 < pt.n_iter, p),
-                         nb = tma_tile<Cfg>(a, ss, w.tile_begin + it + 3, it + 3 < pt.n_iter, p);
+      const TmaTile<Cfg> na = tma_tile<Cfg>(a, ss, w.tile_begin + it + 2, it + 2 < pt.n_iter),
+                         nb = tma_tile<Cfg>(a, ss, w.tile_begin + it + 3, it + 3 < pt.n_iter);
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
       if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
       pr.used(sa);
@@ -164,11 +159,11 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       ta = na, tb = nb;
     }
   } else {
-    TmaTile<Cfg> next = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0, p);
+    TmaTile<Cfg> next = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0);
     for (int it = 0; it < pt.n_iter; ++it, pr.next_tile()) {
       const int st = pr.stage;
       const TmaTile<Cfg> tm = next;
-      next = tma_tile<Cfg>(a, ss, w.tile_begin + it + 1, it + 1 < pt.n_iter, p);
+      next = tma_tile<Cfg>(a, ss, w.tile_begin + it + 1, it + 1 < pt.n_iter);
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1, pr.tiles, ahead);
       pr.used(st);
     }

@@ -7,8 +7,7 @@
 // which warp issues which); each issuer's arrival on a box's FULL expects its copy's bytes and
 // counts for its share of the 128 producer threads (FULL counts 128, a cp.async tile's
 // arrivals), and thread 0 alone writes the tile's flags. Its page numbers are read a step ahead
-// (kernel.cuh: produce). A copy a token (kTmaRows 1, any page size: TokenTma) takes every tile,
-// its tokens without a slot zero-filled by TMA itself and flagged.
+// (kernel.cuh: produce).
 // cp.async:
 // Producer thread p (0..127) copies 16-byte chunk p % 8 of every box for the tokens
 // p / 8 + 16 k, k < tile_n / 16. Its tokens are fixed for the whole tile, so it turns each into
@@ -549,15 +548,14 @@ struct TileTokens {
 // view and every page number valid (else the tile goes by cp.async, which zero-fills and flags
 // what is not).
 template <class Cfg>
-struct PageTma {
-  static constexpr bool kEveryTile = false;  // a tile that is not `whole` goes by cp.async
+struct TmaTile {
   static constexpr int kPages = Cfg::kTmaRows > 0 ? Cfg::kTileN / Cfg::kTmaRows : 1;
   int page[kPages], token;
   bool whole;
 
   __host__ __device__ static constexpr bool issues_ahead() { return false; }  // (fill_stage)
 
-  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int /*p*/) {
+  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile) {
     const int pos0 = tile * Cfg::kTileN;
     whole = pos0 + Cfg::kTileN <= ss.limit;  // then its page numbers are inside the row
 #pragma unroll
@@ -607,77 +605,6 @@ struct PageTma {
     });
   }
 };
-
-// A tile for TMA a token at a time (kTmaRows 1, any dense page size): producer thread p holds
-// the page number and row of the page of token p % tile_n, and copies that token's row of each box
-// of parity p / tile_n (warps 0-1 the even boxes, 2-3 the odd: every copy instruction a whole
-// warp's), 128 bytes into row p % tile_n of the stage's box, swizzled by TMA from the shared
-// address as a whole box's row would be. A token without a slot (past the view, a bad page
-// number) is copied from page -1: outside the tensor, so TMA zero-fills its row and still counts
-// its bytes, and it is flagged. So every tile goes by TMA; no cp.async path is built.
-template <class Cfg>
-struct TokenTma {
-  static constexpr bool kEveryTile = true;
-  static_assert(!Cfg::kSparse && Cfg::kTmaRows == 1 && kGroupThreads == 2 * Cfg::kTileN, "a dense tile's tokens, two threads each");
-  static constexpr int kNoPage = -1, kBadPage = -2;  // page numbers of a token without a slot (TMA: outside the tensor)
-  int page, row;  // of this thread's token: its page (or kNoPage, kBadPage), its row of that page
-  bool whole;     // the tile exists (every tile of the piece goes by TMA)
-
-  __host__ __device__ static constexpr bool issues_ahead() { return false; }  // (fill_stage)
-
-  // The page number is a load in flight until the tile's copies (read a step ahead: kernel.cuh).
-  __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile, int p) {
-    const int pos = tile * Cfg::kTileN + p % Cfg::kTileN;
-    const int raw = load_slot_raw<Cfg>(ss, pos);
-    page = static_cast<unsigned>(raw) < static_cast<unsigned>(a.num_pages) ? raw : raw == kPastEnd ? kNoPage : kBadPage;
-    row = pos % Cfg::kPageSize;
-    whole = true;
-  }
-
-  // A bad page number's bit in *a.flags (slot_from_raw's report; its token is flagged below).
-  __device__ __forceinline__ void report(const AttnccArgs& a) const {
-    if (page == kBadPage && a.flags) atomicOr(a.flags, ATTNCC_FLAG_PAGE);
-  }
-
-  // The tile's flags (warps 0-1 a byte a token, each warp its word: its tokens' ballot) and every
-  // thread's arrival on FLAGS, as TileTokens::write_flags. Whole warps.
-  __device__ __forceinline__ void write_flags(unsigned char* flags, uint32_t flags_bar, int p) const {
-    const bool none = page < 0;
-    if (p < Cfg::kTileN) flags[p] = none ? 1 : 0;
-    const unsigned ballot = __ballot_sync(0xffffffffu, none);
-    if (p % 32 == 0) reinterpret_cast<int*>(flags + Cfg::kTileN)[p / 32] = static_cast<int>(ballot);
-    mbarrier_arrive(flags_bar);
-  }
-
-  // Boxes [kFrom, kTo) of stage `stage`: for a box of this warp's parity, lane 0 expects the warp's
-  // 32 rows on the box's FULL and arrives for the warp, then every lane copies its row; for the
-  // others lane 0 arrives for the warp (FULL counts 128, as for every tile).
-  template <int kFrom, int kTo>
-  __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int stage, int head, int p) const {
-    using T = HopperTraits<Cfg>;
-    constexpr int kRowBytes = Cfg::kBoxBytes / Cfg::kTileN;
-    const int parity = p / Cfg::kTileN, lane = p % 32;
-    static_for<kTo - kFrom>([&](auto i) {
-      constexpr int box = kFrom + decltype(i)::value;
-      constexpr Source src = Cfg::kSources[box_source<Cfg>(box)];
-      const uint32_t bar = T::full(sbase, stage, box);
-      if (box % 2 == parity) {
-        if (lane == 0) {
-          mbarrier_arrive_expect_tx(bar, 32 * kRowBytes);
-          mbarrier_arrive(bar, 31);
-        }
-        const int col = (src.offset_bytes + head * src.head_stride_bytes) / 2 + box * kBoxCols - src.smem_col;
-        tma_load_3d(T::stage_box(sbase, stage, box) + (p % Cfg::kTileN) * kRowBytes, &maps.map[src.tensor], col, row, page, bar);
-      } else if (lane == 0) {
-        mbarrier_arrive(bar, 32);
-      }
-    });
-  }
-};
-
-// The plan's TMA tile: a copy a token (kTmaRows 1), else a copy a page (or a tile of one page).
-template <class Cfg>
-using TmaTile = std::conditional_t<Cfg::kTmaRows == 1, TokenTma<Cfg>, PageTma<Cfg>>;
 
 // A tile into stage `stage`, either kind (TileTokens from the call's arguments, TmaTile from the
 // tensor maps): each group of boxes after its EMPTY wait (the release of the stage's previous

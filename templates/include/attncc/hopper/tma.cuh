@@ -6,11 +6,8 @@
 // at the call's token and page strides (abi.h: multiples of 16 bytes, a 16-byte aligned base),
 // copied in boxes of { 64 columns, kTmaRows tokens, 1 page } with the 128-byte swizzle: a box of
 // tile_n tokens (a page of tile_n or more), or of a whole page of kTmaRows (a multiple of 8) at
-// row j kTmaRows of it, or of one token (kTmaRows 1, any page size) at its row of the box, lands
-// in a stage's box (1024-byte aligned) exactly as the consumers' wgmma descriptors read it
-// (sw128: TMA swizzles by the shared address's bits, so a row copied alone lands as the whole
-// box's copy would put it). A box outside the tensor (a page coordinate of -1) is zero-filled and
-// its bytes counted all the same. The maps are built by the host per launch (a pure host
+// row j kTmaRows of it, lands in a stage's box (1024-byte aligned) exactly as the consumers' wgmma
+// descriptors read it (sw128). The maps are built by the host per launch (a pure host
 // function, no device work) and passed as a __grid_constant__ parameter.
 #pragma once
 

@@ -150,9 +150,8 @@ struct HopperTraits {
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(Cfg::kTmaRows == 0 ||
                     (!Cfg::kSparse && ((Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0) ||
-                                       (Cfg::kTmaRows == Cfg::kPageSize && kN % Cfg::kPageSize == 0 && Cfg::kPageSize % 8 == 0) ||
-                                       Cfg::kTmaRows == 1)),
-                "a TMA copy of a box: a tile of one page, of whole pages of a multiple of 8 tokens, or a token's row (dense)");
+                                       (Cfg::kTmaRows == Cfg::kPageSize && kN % Cfg::kPageSize == 0 && Cfg::kPageSize % 8 == 0))),
+                "a TMA copy of a box: a tile of one page, or of whole pages of a multiple of 8 tokens (dense)");
   static_assert(kStages >= 2 && (!kSeesaw || kStages % 2 == 0), "the seesaw: pairs of tiles, a pair in two stages");
   static_assert(!Cfg::kRelay || (kSeesaw && kSets == 1 && !Cfg::kCrossover && !Cfg::kValueFirst),
                 "relay: the seesaw's tiles and halves, one set of stages, no crossover (hopper.py; crossover with "
