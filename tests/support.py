@@ -152,6 +152,9 @@ CHOICES = [
     # tma_rows=0 producer_fences=false: a page-16 or page-32 plan's tiles by cp.async, the consumers
     # fencing, as lowered before TMA took a copy a page and box (seesaw and stacked)
     *[(name, "tma_rows=0:producer_fences=false") for name in ("mla_page16", "mla_page32_h128", "gla_g96")],
+    # spread_copies: a one-page tile's box copies by thread 0 alone (stacked, as before) and by the
+    # four producer warps in turn (seesaw)
+    ("gla2", "spread_copies=false"), ("mla", "spread_copies=true"),
     # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],

@@ -844,6 +844,21 @@ def test_the_hopper_family_copies_by_tma_where_a_tile_is_whole_pages(page, rows,
     assert re.search(r"^\s+tma_rows\s+" + str(rows) + r"\s+" + re.escape(words), k.explain(), re.M)
 
 
+def test_the_stacked_schedule_spreads_a_one_page_tiles_copies_over_the_producer_warps():
+    """spread_copies: box b of a one-page TMA tile issued by warp b % 4 where measured faster
+    (stacked), by thread 0 on the seesaw (measured even or slower), and no field to set where
+    no tile is one page; explain gives the A/B's figures each way."""
+    stacked = attncc.compile(REPO / "examples" / "gla2.attn")
+    assert not stacked.plan.config.seesaw and stacked.plan.config.tma_rows == 64 and stacked.plan.config.spread_copies
+    assert re.search(r"^\s+spread_copies\s+True\s+chosen \(stacked\): .* GLA-2 s_q 2 0.985", stacked.explain(), re.M)
+    seesaw = attncc.compile(mla(heads=128))
+    assert seesaw.plan.config.seesaw and not seesaw.plan.config.spread_copies
+    assert re.search(r"^\s+spread_copies\s+False\s+not chosen: .* MLA b=128 s_q 1 0.999", seesaw.explain(), re.M)
+    for k in (attncc.compile(gla("g", heads=128, kv=2, page=16)), attncc.compile(mla(heads=128, page=1))):
+        assert not k.plan.config.spread_copies
+        assert re.search(r"^\s+spread_copies\s+False\s+no one-page TMA tile", k.explain(), re.M)
+
+
 def test_the_hopper_family_keeps_two_pairs_of_tiles_in_flight_where_they_fit():
     seesaw = "schedule g {\n    seesaw\n}\n"
     gla2 = attncc.compile(gla("g", heads=128, kv=2, extra=seesaw))  # Q 40 KB + 4 stages of 40 KB

@@ -120,6 +120,8 @@ class HopperConfig(KernelConfig):
     tma_rows: int             # tokens of one TMA copy of a box (tile_n: a tile of one page); 0: cp.async
     producer_fences: bool     # the producer waits for its cp.async 16-bit boxes, fences them and arrives on their
                               # FULLs (else cp.async.mbarrier.arrive, and the consumers fence after FULL)
+    spread_copies: bool       # a one-page TMA tile's box copies issued by the producer's four warps in turn (box b
+                              # by lane 0 of warp b % 4), not all by thread 0
     boxes: int                # 64-column boxes of a staged token row (= of a Q row)
     value_boxes: int          # ... of them the value's (the first)
     out_boxes: int            # ... of a consumer warp group's output (seesaw: half the value; stacked: all)
@@ -369,6 +371,7 @@ class HopperFamily(Family):
                           "stages" if sched.stages else None)
         threads = 3 * GROUP_THREADS
         tma_rows, tma_why = self._tma_rows(spec, layout)
+        spread_tma = tma_rows == TILE_N  # a tile of one page: one copy a box (spread_copies)
         # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
         # the roles trade: the producer gives back what the consumers take
         registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
@@ -465,6 +468,12 @@ class HopperFamily(Family):
              "not chosen: each 16-bit box's FULL counts its copies as they land (cp.async.mbarrier.arrive) and the "
              "consumers fence a group after its FULLs; the producer waiting for its copies instead measured slower "
              "(same-process A/B, H200, b=128 page 1: MLA s_q 2 1.037, s_q 1 1.054, GLA-2 s_q 2 1.025)"),
+            ("spread_copies", "no one-page TMA tile" if not spread_tma else
+             "chosen (stacked): box b's copy issued by warp b % 4, not all by thread 0 (same-process A/B, H100, "
+             "b=128 s_k 8192: GLA-2 s_q 2 0.985 and 0.985 in the other order, s_q 1 1.001; b=8 s_k 32768 s_q 2 0.997)"
+             if not seesaw else
+             "not chosen: thread 0 issues a one-page tile's copies (spread over the four warps, same-process A/B, "
+             "H100: MLA b=128 s_q 1 0.999, s_q 2 1.004, b=8 1.003, b=1 1.020)"),
             ("scale_record_bytes", records_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),
@@ -488,6 +497,7 @@ class HopperFamily(Family):
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
+            spread_copies=spread_tma and not seesaw,
             boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,

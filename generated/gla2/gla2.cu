@@ -72,6 +72,7 @@ struct Config {
   static constexpr int kProducerRegisters = 56;  // what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
   static constexpr bool kProducerFences = true;  // a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL (the consumers need no fence)
+  static constexpr bool kSpreadCopies = true;  // chosen (stacked): box b's copy issued by warp b % 4, not all by thread 0 (same-process A/B, H100, b=128 s_k 8192: GLA-2 s_q 2 0.985 and 0.985 in the other order, s_q 1 1.001; b=8 s_k 32768 s_q 2 0.997)
   static constexpr int kBoxes = 5;
   static constexpr int kValueBoxes = 4;
   static constexpr int kOutBoxes = 4;

@@ -577,7 +577,8 @@ struct TmaTile {
   }
 
   // Boxes [kFrom, kTo) of stage `stage`: page j's copies issued by producer thread j 128 / kPages
-  // (lane 0 of a warp; page 16: threads 0, 32, 64, 96; page 64: thread 0 alone), so that the
+  // (lane 0 of a warp; page 16: threads 0, 32, 64, 96; page 64: thread 0 alone, or, the plan's
+  // spread_copies, box b by lane 0 of warp b % 4, arriving for all 128), so that the
   // tile's pages go out side by side (thread 0 issuing page 16's 36 copies alone took 1.18-1.20x the
   // time: bench/RESULTS.md, session 38); each issuer expects its page's bytes on the box's FULL,
   // issues its copy and arrives for its share of the producer (FULL counts 128: a cp.async tile's
@@ -586,15 +587,17 @@ struct TmaTile {
   template <int kFrom, int kTo>
   __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int stage, int head, int p) const {
     using T = HopperTraits<Cfg>;
+    constexpr bool kSpread = kPages == 1 && Cfg::kSpreadCopies;  // box b by warp b % 4
     constexpr int kShare = kGroupThreads / kPages;  // the producer threads an issuer arrives for
     static_assert(kShare % 32 == 0 && kShare * kPages == kGroupThreads, "an issuer a page, each in its own warp");
-    if (kPages == 1 ? p != 0 : p % kShare != 0) return;
+    if (!kSpread && (kPages == 1 ? p != 0 : p % kShare != 0)) return;
     const int j = kPages == 1 ? 0 : p / kShare;
     int mine = page[0];  // (page[j] without a dynamic index into the registers)
 #pragma unroll
     for (int i = 1; i < kPages; ++i) mine = j == i ? page[i] : mine;
     static_for<kTo - kFrom>([&](auto i) {
       constexpr int box = kFrom + decltype(i)::value;
+      if (kSpread && p != 32 * (box % 4)) return;
       constexpr Source src = Cfg::kSources[box_source<Cfg>(box)];
       const uint32_t bar = T::full(sbase, stage, box);
       mbarrier_arrive_expect_tx(bar, Cfg::kBoxBytes / kPages);

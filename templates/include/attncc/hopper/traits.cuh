@@ -152,6 +152,7 @@ struct HopperTraits {
                     (!Cfg::kSparse && ((Cfg::kTmaRows == kN && Cfg::kPageSize % kN == 0) ||
                                        (Cfg::kTmaRows == Cfg::kPageSize && kN % Cfg::kPageSize == 0 && Cfg::kPageSize % 8 == 0))),
                 "a TMA copy of a box: a tile of one page, or of whole pages of a multiple of 8 tokens (dense)");
+  static_assert(!Cfg::kSpreadCopies || Cfg::kTmaRows == kN, "spread_copies: a one-page TMA tile's copies");
   static_assert(kStages >= 2 && (!kSeesaw || kStages % 2 == 0), "the seesaw: pairs of tiles, a pair in two stages");
   static_assert(!Cfg::kRelay || (kSeesaw && kSets == 1 && !Cfg::kCrossover && !Cfg::kValueFirst),
                 "relay: the seesaw's tiles and halves, one set of stages, no crossover (hopper.py; crossover with "
