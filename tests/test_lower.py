@@ -846,8 +846,9 @@ def test_the_hopper_family_copies_by_tma_where_a_tile_is_whole_pages(page, rows,
 
 def test_the_stacked_schedule_spreads_a_one_page_tiles_copies_over_the_producer_warps():
     """spread_copies: box b of a one-page TMA tile issued by warp b % 4 where measured faster
-    (stacked), by thread 0 on the seesaw (measured even or slower), and no field to set where
-    no tile is one page; explain gives the A/B's figures each way."""
+    (stacked), by thread 0 on the seesaw (measured even or slower), off where no tile is one
+    page (page 16's tile is four pages, page 1's goes by cp.async); explain gives the A/B's
+    figures each way."""
     stacked = attncc.compile(REPO / "examples" / "gla2.attn")
     assert not stacked.plan.config.seesaw and stacked.plan.config.tma_rows == 64 and stacked.plan.config.spread_copies
     assert re.search(r"^\s+spread_copies\s+True\s+chosen \(stacked\): .* GLA-2 s_q 2 0.985", stacked.explain(), re.M)
