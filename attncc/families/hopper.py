@@ -371,7 +371,7 @@ class HopperFamily(Family):
                           "stages" if sched.stages else None)
         threads = 3 * GROUP_THREADS
         tma_rows, tma_why = self._tma_rows(spec, layout)
-        spread_tma = tma_rows == TILE_N  # a tile of one page: one copy a box (spread_copies)
+        one_page_tma = tma_rows == TILE_N  # a tile of one page: one copy a box (spread_copies)
         # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
         # the roles trade: the producer gives back what the consumers take
         registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
@@ -468,7 +468,7 @@ class HopperFamily(Family):
              "not chosen: each 16-bit box's FULL counts its copies as they land (cp.async.mbarrier.arrive) and the "
              "consumers fence a group after its FULLs; the producer waiting for its copies instead measured slower "
              "(same-process A/B, H200, b=128 page 1: MLA s_q 2 1.037, s_q 1 1.054, GLA-2 s_q 2 1.025)"),
-            ("spread_copies", "no one-page TMA tile" if not spread_tma else
+            ("spread_copies", "no one-page TMA tile" if not one_page_tma else
              "chosen (stacked): box b's copy issued by warp b % 4, not all by thread 0 (same-process A/B, H100, "
              "b=128 s_k 8192: GLA-2 s_q 2 0.985 and 0.985 in the other order, s_q 1 1.001; b=8 s_k 32768 s_q 2 0.997)"
              if not seesaw else
@@ -497,7 +497,7 @@ class HopperFamily(Family):
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
-            spread_copies=spread_tma and not seesaw,
+            spread_copies=one_page_tma and not seesaw,
             boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
