@@ -29,7 +29,10 @@ there the family runs the stacked schedule instead (stacked.cuh), FA3's for such
 of 128 rows, each consumer warp group S, softmax and O += P V (P from registers) for its own 64
 over every tile, so each token is read once for 128 rows (GLA-2 at s_q 2: both query tokens of
 a kv head's 64 heads). Where a CTA holds 64 rows or fewer (s_q 1), the groups take the same rows
-and alternate tiles, and merge (O, m, l) at the end; `seesaw` keeps the seesaw.
+and alternate tiles, and merge (O, m, l) at the end; `seesaw` keeps the seesaw. In rows mode
+where the producer copies one-page TMA tiles of 16-bit records (40 registers are enough), the
+groups take 232 and overlap each its own softmax with its products (`overlap`, FA3's order:
+S_{i+1} = Q K_{i+1}^T and O += P_i V_i issued together, the softmax of i + 1 under P_i V_i).
 
 Sparse top-k plans read each tile's slots from the query token's indices; fp8 runs are
 dequantized by the producer warp group itself (the raw bytes and scales of a group of box pairs
@@ -76,6 +79,8 @@ PRODUCER_REGISTERS = 72
 RELAY_REGISTERS = (192, 160, 152)  # relay: WG0 (O_L, S, softmax), WG1 (O_R), producer: 128 x 504 = 64,512
 STACKED_CONSUMER_REGISTERS = 224  # stacked: 2 x 128 x 224 + 128 x 56 = 64,512 (at 216 its part-mode
 STACKED_PRODUCER_REGISTERS = 56   # kernels spill 4-8 bytes; its producer, one stage a tile, fits 56)
+STACKED_LEAN_REGISTERS = (232, 40)  # stacked with the overlap: 2 x 128 x 232 + 128 x 40 = 64,512 (its parts
+                                    # kernels spilled 28 bytes at 224; a producer of one-page TMA tiles fits 40)
 WORK_BYTES = 256       # the consumers' CtaWork (9 ints), then each role's part walk (12 ints)
 BARRIER_BYTES = 8      # an mbarrier
 HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups
@@ -92,7 +97,8 @@ def fences_groups(fp8: bool, *, crossover: bool, relay: bool, seesaw: bool) -> b
 
 def skips_unmoved(*, seesaw: bool, relay: bool) -> bool:
     """The plan's skip_unmoved: the seesaw's consumers skip a warp's unmoved rescales of O (the
-    relay's and the stacked groups spilled with the vote). Also what a forced schedule takes."""
+    relay's spilled with the vote; the stacked groups' measured slower where they fit it). Also what
+    a forced schedule takes."""
     return seesaw and not relay
 
 
@@ -122,6 +128,7 @@ class HopperConfig(KernelConfig):
                               # FULLs (else cp.async.mbarrier.arrive, and the consumers fence after FULL)
     spread_copies: bool       # a one-page TMA tile's box copies issued by the producer's four warps in turn (box b
                               # by lane 0 of warp b % 4), not all by thread 0
+    overlap: bool             # stacked, rows mode: a group issues tile i + 1's S = Q K^T before tile i's softmax
     boxes: int                # 64-column boxes of a staged token row (= of a Q row)
     value_boxes: int          # ... of them the value's (the first)
     out_boxes: int            # ... of a consumer warp group's output (seesaw: half the value; stacked: all)
@@ -372,6 +379,9 @@ class HopperFamily(Family):
         threads = 3 * GROUP_THREADS
         tma_rows, tma_why = self._tma_rows(spec, layout)
         one_page_tma = tma_rows == TILE_N  # a tile of one page: one copy a box (spread_copies)
+        # overlap (stacked.cuh): it needs 232 registers a consumer (224 spilled), which the
+        # producer leaves only where it copies one-page TMA tiles of 16-bit records (40 fit)
+        overlap = one_page_tma and not layout.fp8 and not seesaw
         # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
         # the roles trade: the producer gives back what the consumers take
         registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
@@ -435,9 +445,11 @@ class HopperFamily(Family):
             ("skip_unmoved", "chosen: a warp skips a rescale of O where none of its 16 rows moved its max "
              "(the same bits; same-process A/B, H200, bf16 MLA b=128: s_q 2 0.973, s_q 1 0.962, h_q 64 0.964, "
              "b=8 0.988, b=1 1.000 of the time without)" if seesaw and not relay else
-             "seesaw only; not with the relay (with the vote in both groups or in WG1 alone its part kernels "
+             "not with the relay (with the vote in both groups or in WG1 alone its part kernels "
              "spilled 36-48 bytes, ptxas)" if relay else
-             "seesaw only (with the vote the stacked groups spilled 4-20 bytes, 48-64 with an fp8 run, ptxas)"),
+             "not chosen (stacked): where it fits (232 / 40 registers) slower (same-process A/B, H100, GLA-2 "
+             "b=128 s_k 8192: s_q 2 1.020, s_q 1 1.001, b=8 s_k 32768 1.023); at 224 the groups spilled 4-20 "
+             "bytes (48-64 with an fp8 run, ptxas)"),
             ("group_fence", "the producer converts a group's fp8 pairs, then fences once and arrives on "
              "their FULLs (a fence is a MEMBAR.ALL.CTA: one a group, not one a pair)" if group_fence else
              "not chosen: crossover fences each pair, whose peer stores count on its FULLs" if crossover else
@@ -451,12 +463,15 @@ class HopperFamily(Family):
             ("consumer_registers", "relay, WG0: O_L (128) + S (32) and the rest: 184 spilled (ptxas)" if relay else
              f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
              "spills (ptxas)" + ("" if seesaw else "; 216 leaves the fp8 producer 72" if layout.fp8
+                                 else "; the overlap's parts kernels: 224 spilled 28 bytes" if overlap
                                  else "; the split mode's merge: 216 spilled")),
             ("wg1_registers", "relay, WG1: O_R (128) and the rest: at 152 ptxas ignores the setmaxnreg" if relay
              else "as WG0's (both groups run the same code)"),
             ("producer_registers", "what the relay's consumers leave of 168 x 384" if relay
              else "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
              else "the fp8 conversion of a box pair (4 tokens): 56 spilled with its loads in registers (ptxas, session 18)" if layout.fp8
+             else "what the consumers leave of the launch's 168 x 384: one-page TMA tiles (a tile's validity "
+             "kept in its token, no bool of its own) fit 40 (ptxas)" if overlap
              else "what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)"),
             ("tma_rows", tma_why),
             ("producer_fences", "crossover: the producer fences what it shares; the consumers fence nothing" if crossover else
@@ -474,6 +489,13 @@ class HopperFamily(Family):
              if not seesaw else
              "not chosen: thread 0 issues a one-page tile's copies (spread over the four warps, same-process A/B, "
              "H100: MLA b=128 s_q 1 0.999, s_q 2 1.004, b=8 1.003, b=1 1.020)"),
+            ("overlap", "seesaw: the groups hand the tile to each other" if seesaw else
+             "chosen (rows mode; FA3's order): tile i + 1's S and O += P_i V_i issued together, tile i + 1's "
+             "softmax under P_i V_i (bitwise the same; same-process A/B, H100, GLA-2 b=128 s_k 8192: s_q 2 0.980 of main's "
+             "time and 0.982 in the other order, 0.978 of the same registers without it; b=8 s_k 32768 0.982; s_q 1, "
+             "split mode, which keeps the order: 1.003-1.005)" if overlap else
+             "not chosen: at 224 registers its parts kernels spilled 28 bytes, and this producer needs more than "
+             "40 (ptxas)"),
             ("scale_record_bytes", records_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),
@@ -486,6 +508,7 @@ class HopperFamily(Family):
         wg0_regs, wg1_regs, producer_regs = (
             RELAY_REGISTERS if relay else
             (CONSUMER_REGISTERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS) if seesaw or layout.fp8 else
+            (STACKED_LEAN_REGISTERS[0], STACKED_LEAN_REGISTERS[0], STACKED_LEAN_REGISTERS[1]) if overlap else
             (STACKED_CONSUMER_REGISTERS, STACKED_CONSUMER_REGISTERS, STACKED_PRODUCER_REGISTERS))
         return HopperConfig(
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
@@ -497,7 +520,7 @@ class HopperFamily(Family):
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
-            spread_copies=one_page_tma and not seesaw,
+            spread_copies=one_page_tma and not seesaw, overlap=overlap,
             boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
             early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,

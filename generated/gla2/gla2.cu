@@ -64,15 +64,16 @@ struct Config {
   static constexpr bool kCrossover = false;  // no fp8 run to share
   static constexpr bool kValueFirst = false;  // seesaw only
   static constexpr bool kRelay = false;  // seesaw only
-  static constexpr bool kSkipUnmoved = false;  // seesaw only (with the vote the stacked groups spilled 4-20 bytes, 48-64 with an fp8 run, ptxas)
+  static constexpr bool kSkipUnmoved = false;  // not chosen (stacked): where it fits (232 / 40 registers) slower (same-process A/B, H100, GLA-2 b=128 s_k 8192: s_q 2 1.020, s_q 1 1.001, b=8 s_k 32768 1.023); at 224 the groups spilled 4-20 bytes (48-64 with an fp8 run, ptxas)
   static constexpr bool kSlotsAhead = false;  // not chosen: the producer does not set the pace (stacked)
   static constexpr bool kGroupFence = false;  // no fp8 run
-  static constexpr int kConsumerRegisters = 224;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas); the split mode's merge: 216 spilled
-  static constexpr int kWg1Registers = 224;  // as WG0's (both groups run the same code)
-  static constexpr int kProducerRegisters = 56;  // what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)
+  static constexpr int kConsumerRegisters = 232;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas); the overlap's parts kernels: 224 spilled 28 bytes
+  static constexpr int kWg1Registers = 232;  // as WG0's (both groups run the same code)
+  static constexpr int kProducerRegisters = 40;  // what the consumers leave of the launch's 168 x 384: one-page TMA tiles (a tile's validity kept in its token, no bool of its own) fit 40 (ptxas)
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
   static constexpr bool kProducerFences = true;  // a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL (the consumers need no fence)
   static constexpr bool kSpreadCopies = true;  // chosen (stacked): box b's copy issued by warp b % 4, not all by thread 0 (same-process A/B, H100, b=128 s_k 8192: GLA-2 s_q 2 0.985 and 0.985 in the other order, s_q 1 1.001; b=8 s_k 32768 s_q 2 0.997)
+  static constexpr bool kOverlap = true;  // chosen (rows mode; FA3's order): tile i + 1's S and O += P_i V_i issued together, tile i + 1's softmax under P_i V_i (bitwise the same; same-process A/B, H100, GLA-2 b=128 s_k 8192: s_q 2 0.980 of main's time and 0.982 in the other order, 0.978 of the same registers without it; b=8 s_k 32768 0.982; s_q 1, split mode, which keeps the order: 1.003-1.005)
   static constexpr int kBoxes = 5;
   static constexpr int kValueBoxes = 4;
   static constexpr int kOutBoxes = 4;

@@ -73,6 +73,7 @@ struct Config {
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
   static constexpr bool kProducerFences = true;  // a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL (the consumers need no fence)
   static constexpr bool kSpreadCopies = false;  // not chosen: thread 0 issues a one-page tile's copies (spread over the four warps, same-process A/B, H100: MLA b=128 s_q 1 0.999, s_q 2 1.004, b=8 1.003, b=1 1.020)
+  static constexpr bool kOverlap = false;  // seesaw: the groups hand the tile to each other
   static constexpr int kBoxes = 9;
   static constexpr int kValueBoxes = 8;
   static constexpr int kOutBoxes = 4;

@@ -73,6 +73,7 @@ struct Config {
   static constexpr int kTmaRows = 0;  // cp.async: sparse top-k, a tile's tokens are wherever its indices say
   static constexpr bool kProducerFences = false;  // crossover: the producer fences what it shares; the consumers fence nothing
   static constexpr bool kSpreadCopies = false;  // no one-page TMA tile
+  static constexpr bool kOverlap = false;  // seesaw: the groups hand the tile to each other
   static constexpr int kBoxes = 9;
   static constexpr int kValueBoxes = 8;
   static constexpr int kOutBoxes = 4;

@@ -116,6 +116,12 @@ __device__ __forceinline__ int fresh_ctaid() {
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
   return x;
 }
+// ... and a value read so (e.g. a kernel argument): not shared with another read of it.
+__device__ __forceinline__ int opaque(int v) {
+  int r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
 __device__ __forceinline__ int fresh_tid() {
   int x;
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(x));

@@ -109,7 +109,7 @@ __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<
                                              const TmaTile<Cfg>& tm, int head, uint32_t sbase, unsigned char* smem, int stage, int p,
                                              int parity, int trace_slot, SlotsAhead<Cfg>& ahead) {
   if constexpr (Cfg::kTmaRows > 0) {
-    if (tm.whole) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
+    if (tm.whole()) return fill_stage<Cfg>(tm, maps, sbase, smem, stage, head, p, parity, trace_slot);
   }
   TileTokens<Cfg> tt;
   ahead.take(tt, a, ss, tile, p, head, sbase);
@@ -121,7 +121,7 @@ __device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<
 template <class Cfg>
 __device__ __forceinline__ TmaTile<Cfg> tma_tile(const AttnccArgs& a, const SlotSource& ss, int tile, bool exists) {
   TmaTile<Cfg> tm;
-  tm.whole = false;
+  tm.set_none();
   if constexpr (Cfg::kTmaRows > 0) {
     if (exists) tm.load(a, ss, tile);
   }
@@ -296,7 +296,10 @@ __device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned cha
   for (;;) {
     const PartWalk pw = unstash_walk(walk);
     if (!pw.has_piece()) break;
-    piece(W::of_piece(args, fresh_ctaid() % W::lanes(args.s_q), pw.piece(W::seq_tiles(args, pw.seq))));
+    // with the overlap, s_q (and the lanes it gives) read afresh in each role: else ptxas computes
+    // them once before the roles part and keeps them live across setmaxnreg (GLA-2: a spill)
+    const int s_q = Cfg::kOverlap ? opaque(args.s_q) : args.s_q;
+    piece(W::of_piece(args, fresh_ctaid() % W::lanes(s_q), pw.piece(W::seq_tiles(args, pw.seq))));
     bar_sync(barrier, threads);  // the role is past the piece (and the walk's reads)
     if (rt == 0) {
       PartWalk next = unstash_walk(walk);

@@ -550,19 +550,20 @@ struct TileTokens {
 template <class Cfg>
 struct TmaTile {
   static constexpr int kPages = Cfg::kTmaRows > 0 ? Cfg::kTileN / Cfg::kTmaRows : 1;
-  int page[kPages], token;
-  bool whole;
+  int page[kPages], token;  // token -1: not whole (no bool of its own: a register the producer lacks)
+  __device__ __forceinline__ bool whole() const { return token >= 0; }
+  __device__ __forceinline__ void set_none() { token = -1; }
 
   __host__ __device__ static constexpr bool issues_ahead() { return false; }  // (fill_stage)
 
   __device__ __forceinline__ void load(const AttnccArgs& a, const SlotSource& ss, int tile) {
     const int pos0 = tile * Cfg::kTileN;
-    whole = pos0 + Cfg::kTileN <= ss.limit;  // then its page numbers are inside the row
+    bool whole = pos0 + Cfg::kTileN <= ss.limit;  // then its page numbers are inside the row
 #pragma unroll
     for (int j = 0; j < kPages; ++j) page[j] = whole ? __ldg(ss.row + pos0 / Cfg::kPageSize + j) : 0;
-    token = pos0 % Cfg::kPageSize;
 #pragma unroll
     for (int j = 0; j < kPages; ++j) whole = whole && static_cast<unsigned>(page[j]) < static_cast<unsigned>(a.num_pages);
+    token = whole ? pos0 % Cfg::kPageSize : -1;
   }
 
   // The tile's flags, no token without a slot, and FLAGS: thread 0's alone (an arrival counting

@@ -13,7 +13,10 @@
 //   release the stage (EMPTY early: both groups' arrivals, or the reading group's twice)
 //
 // The two groups run independently (no handoff), so one's softmax runs under the other's
-// products. The stream index k of a tile (Progress::tiles) counts across the pieces a CTA walks,
+// products. With the overlap (rows mode; FA3's order within a group) a group also hides its own
+// softmax: with P_i in registers it issues S_{i+1} = Q K_{i+1}^T and O += P_i V_i together, and
+// runs tile i + 1's softmax once S_{i+1} is done, under P_i V_i (O's rescale by r_{i+1} waits for
+// the next round, before P_{i+1} V_{i+1}). It holds S_{i+1} beside P_i: 232 registers a consumer. The stream index k of a tile (Progress::tiles) counts across the pieces a CTA walks,
 // which both roles share: stage k % kStages, its barriers' phase the stage's parity bit, and in
 // split mode the reading group k % 2 (a piece-local index would give a stage's consecutive
 // tiles to whichever group, and a model of it deadlocked). With an odd number of stages a stage's
@@ -141,24 +144,9 @@ __device__ __forceinline__ void consume_stacked(const AttnccArgs& a, const CtaWo
   const float c = a.softmax_scale * kLog2e;
 
   const int take = split ? wg : -1;  // split mode: the parity of the stream's tiles this group reads
-  for (int it = 0; it < n_iter; ++it, pr.next_tile()) {
-    const int st = pr.stage;
-    const int parity = pr.parity(st);
-    pr.used(st);
-    // warp-uniform as the compiler sees it (wgmma under a branch it cannot prove so is serialized)
-    const bool mine = __shfl_sync(0xffffffffu, static_cast<int>(take < 0 || (pr.tiles & 1) == take), 0) != 0;
-    if (!mine) continue;
-    // Split mode: the stage's last tile was the other group's (an odd number of stages), whose
-    // phases of FULL and FLAGS this group never waited for. A parity wait cannot tell phase n from
-    // n + 2: while that tile is still landing the wait below would return at once and read it. So
-    // first the other group's release of that tile (EMPTY, the phase the producer waited for before
-    // filling this one): then this tile's phases are the next ones. (Without it, GLA-2 s_q 1 gave
-    // different outputs call to call and failed launches at b = 128: bench/RESULTS.md, session 35.)
-    if (split) mbarrier_wait(T::empty_early(sbase, st), parity ^ 1);
-    float s[32], mx[2], sum[2], r[2];
-    uint32_t p[Cfg::kTileN / 16][4];
-    scores<Cfg>(s, q, sbase, st, parity);
-    mbarrier_wait(T::flags_bar(sbase, st), parity);
+  // Tile `it`'s softmax on its scores s (from stage st): P in s (fp32), its rows' rescale of O in r
+  const auto softmax = [&](float (&s)[32], int it, int st, float (&r)[2]) {
+    float mx[2], sum[2];
     mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit, sbase + T::stage_flags(st));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -169,10 +157,71 @@ __device__ __forceinline__ void consume_stacked(const AttnccArgs& a, const CtaWo
     exponentiate<Cfg>(s, m, c, sum);
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = l[h] * r[h] + sum[h];
-    scale_rows(o, r);
-    pack_p<Cfg>(s, p);
-    pv_rs<Cfg>(o, p, T::stage_box(sbase, st, 0));  // O += P V
-    mbarrier_arrive(T::empty_early(sbase, st), split ? 2 : 1);
+  };
+  if (Cfg::kOverlap && !split) {
+    // overlap (rows mode, FA3's order): with tile i's P in registers, tile i + 1's S = Q K^T and
+    // O += P_i V_i are issued together, tile i + 1's softmax runs once its S is done, under P_i V_i
+    float s[32], r[2];
+    uint32_t p[Cfg::kTileN / 16][4];
+    if (n_iter > 0) {
+      scores<Cfg>(s, q, sbase, pr.stage, pr.parity(pr.stage));
+      mbarrier_wait(T::flags_bar(sbase, pr.stage), pr.parity(pr.stage));
+      softmax(s, 0, pr.stage, r);
+      pack_p<Cfg>(s, p);
+    }
+    // tiles 0 .. n_iter - 2: no branch between a wgmma and its wait (ptxas serializes every wgmma of the
+    // kernel otherwise, C7514)
+    for (int it = 0; it + 1 < n_iter; ++it, pr.next_tile()) {
+      const int st = pr.stage, next = st + 1 == Cfg::kStages ? 0 : st + 1;
+      const int parity = pr.parity(st), next_parity = pr.parity(next);
+      pr.used(st);
+      float sn[32];
+      scale_rows(o, r);
+      scores_issue<Cfg>(sn, q, sbase, next, next_parity);  // S_{i+1}
+      mbarrier_wait(T::flags_bar(sbase, next), next_parity);
+      pv_rs_issue<Cfg>(o, p, T::stage_box(sbase, st, 0));  // O += P_i V_i
+      wait_group<1>();  // S_{i+1}
+      pin(sn);
+      softmax(sn, it + 1, next, r);
+      wait_group<0>();  // P_i V_i
+      pin(o);
+      pin(p);
+      mbarrier_arrive(T::empty_early(sbase, st), 1);
+      pack_p<Cfg>(sn, p);  // P_{i+1}
+    }
+    if (n_iter > 0) {  // the last tile's O += P V
+      const int st = pr.stage;
+      pr.used(st);
+      scale_rows(o, r);
+      pv_rs<Cfg>(o, p, T::stage_box(sbase, st, 0));
+      mbarrier_arrive(T::empty_early(sbase, st), 1);
+      pr.next_tile();
+    }
+  } else {
+    for (int it = 0; it < n_iter; ++it, pr.next_tile()) {
+      const int st = pr.stage;
+      const int parity = pr.parity(st);
+      pr.used(st);
+      // warp-uniform as the compiler sees it (wgmma under a branch it cannot prove so is serialized)
+      const bool mine = __shfl_sync(0xffffffffu, static_cast<int>(take < 0 || (pr.tiles & 1) == take), 0) != 0;
+      if (!mine) continue;
+      // Split mode: the stage's last tile was the other group's (an odd number of stages), whose
+      // phases of FULL and FLAGS this group never waited for. A parity wait cannot tell phase n from
+      // n + 2: while that tile is still landing the wait below would return at once and read it. So
+      // first the other group's release of that tile (EMPTY, the phase the producer waited for before
+      // filling this one): then this tile's phases are the next ones. (Without it, GLA-2 s_q 1 gave
+      // different outputs call to call and failed launches at b = 128: bench/RESULTS.md, session 35.)
+      if (split) mbarrier_wait(T::empty_early(sbase, st), parity ^ 1);
+      float s[32], r[2];
+      uint32_t p[Cfg::kTileN / 16][4];
+      scores<Cfg>(s, q, sbase, st, parity);
+      mbarrier_wait(T::flags_bar(sbase, st), parity);
+      softmax(s, it, st, r);
+      scale_rows(o, r);
+      pack_p<Cfg>(s, p);
+      pv_rs<Cfg>(o, p, T::stage_box(sbase, st, 0));  // O += P V
+      mbarrier_arrive(T::empty_early(sbase, st), split ? 2 : 1);
+    }
   }
 
   // ---- epilogue

@@ -74,7 +74,7 @@ __device__ __forceinline__ void release_stage(uint32_t bar, uint32_t sbase) {
 // a group's copies together); the others each as it comes (crossover's: the peer's stores arrive
 // pair by pair).
 template <class Cfg>
-__device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity, int trace_slot = -1) {
+__device__ __forceinline__ void scores_issue(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity, int trace_slot = -1) {
   using T = HopperTraits<Cfg>;
   const uint32_t kv = T::stage_box(sbase, stage, 0);
   fence();
@@ -100,6 +100,13 @@ __device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbas
   });
   ATTNCC_TRACE(threadIdx.x % kGroupThreads == 0, threadIdx.x / kGroupThreads, trace_slot, 1);
   commit_group();
+}
+
+// ... issued and waited for (scores_issue leaves S's wgmma in flight: its registers untouched until
+// a wait_group that covers it, then pin).
+template <class Cfg>
+__device__ __forceinline__ void scores(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity, int trace_slot = -1) {
+  scores_issue<Cfg>(s, q, sbase, stage, parity, trace_slot);
   wait_group<0>();
   pin(s);
 }
@@ -177,15 +184,22 @@ __device__ __forceinline__ void pack_p(const float (&p)[32], uint32_t (&a)[Cfg::
     for (int r = 0; r < 4; ++r) a[kk][r] = E::pack(p[8 * kk + 2 * r], p[8 * kk + 2 * r + 1]);
 }
 
-// O += P V over the columns of a stage's value from box0 (2 kAcc of them), P from registers.
+// O += P V over the columns of a stage's value from box0 (2 kAcc of them), P from registers:
+// issued (o and a untouched until a wait_group that covers it, then pin) ...
 template <class Cfg, int kAcc>
-__device__ __forceinline__ void pv_rs(float (&o)[kAcc], uint32_t (&a)[Cfg::kTileN / 16][4], uint32_t box0) {
+__device__ __forceinline__ void pv_rs_issue(float (&o)[kAcc], uint32_t (&a)[Cfg::kTileN / 16][4], uint32_t box0) {
   pin(o);
   pin(a);
   fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kTileN / 16; ++kk) mma_rs<2 * kAcc, true>(o, a[kk], desc_n_major(box0, Cfg::kBoxBytes, 16 * kk), 1);
   commit_group();
+}
+
+// ... and waited for.
+template <class Cfg, int kAcc>
+__device__ __forceinline__ void pv_rs(float (&o)[kAcc], uint32_t (&a)[Cfg::kTileN / 16][4], uint32_t box0) {
+  pv_rs_issue<Cfg>(o, a, box0);
   wait_group<0>();
   pin(o);
 }
