@@ -206,6 +206,25 @@ def test_ready_words_on_sparse_plans_with_a_dependent_combine(family):
     assert re.search(r"^\s+ready_words\s+False\s+off: no programmatic dependent launch", old.explain(), re.M)
 
 
+@pytest.mark.parametrize("family", ["hopper", "mma_sync"])
+def test_the_combine_takes_three_blocks_an_sm_where_it_fits_their_registers(family):
+    """combine_blocks (families/base.py): 3 blocks an SM (80 registers a thread) for a dense plan
+    whose value is wider than a slab; 2 (128) with the ready words' wait (sparse) or a value of
+    one slab (128 columns), where 80 spilled. Rendered as kCombineBlocks (the combine's launch
+    bounds) and explained; tests/test_build.py checks that each builds without a spill."""
+    dense = compile_quiet(REPO / "examples" / "mla.attn", family=family)
+    assert dense.plan.config.combine_blocks == 3
+    assert re.search(r"^\s+combine_blocks\s+3\s+3 \(80 registers a thread\)", dense.explain(), re.M)
+    assert "static constexpr int kCombineBlocks = 3;" in render(dense.plan)
+    sparse = compile_quiet(EXTRA["sparse_bf16_h128"], family=family)
+    assert sparse.plan.config.combine_blocks == 2
+    assert re.search(r"^\s+combine_blocks\s+2\s+2 \(128 registers a thread\): with the ready words", sparse.explain(), re.M)
+    narrow = compile_quiet(GQA8, family="mma_sync")  # d_v 128: one slab a row
+    assert narrow.plan.config.combine_blocks == 2
+    assert re.search(r"^\s+combine_blocks\s+2\s+.*a value of 128 columns is one slab a row", narrow.explain(), re.M)
+    assert "static constexpr int kCombineBlocks = 2;" in render(narrow.plan)
+
+
 def test_scale_records_where_a_tokens_scales_are_one_aligned_16_byte_run():
     """The Hopper producer copies a tile's fp8 scales as one 16-byte record a token (rendered
     as kScaleRecordBytes, a region of tile_n records a stage after the part walks, explained)
@@ -392,7 +411,7 @@ def test_the_combine_is_a_dependent_launch_where_the_target_has_it(family):
     assert f"return attncc::launch<Config, attncc::{family}::Family>(args);" in source
     launch = (INCLUDE_DIR / "attncc" / "core" / "launch.cuh").read_text()  # the one launch sequence
     assert "return err != cudaSuccess ? err : CombineLaunch<Cfg>::launch(a, stream);" in launch
-    assert "Combine" not in source and "<<<" not in source
+    assert "CombineLaunch" not in source and "combine_kernel" not in source and "<<<" not in source
     old = compile_quiet(GQA8 + "\nschedule gqa8 {\n    target sm80\n}\n")
     assert old.plan.config.dependent_launch is False
     assert re.search(r"^\s+dependent_launch\s+False\s+the target has no programmatic", old.explain(), re.M)

@@ -41,6 +41,8 @@ class KernelConfig:
     dependent_launch: bool  # the combine is a programmatic dependent of the decode kernel
     ready_words: bool    # part mode: the combine merges a sequence once its pieces' ready words
                          # are set, not after the decode grid (core/ready.cuh)
+    combine_blocks: int  # the combine's blocks per SM, its launch bounds (registers a thread:
+                         # 65,536 / (256 x this), rounded down to 8)
     why: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def choices(self) -> dict:
@@ -72,6 +74,28 @@ def ready_words(spec, target: Target) -> tuple[bool, tuple[str, str]]:
         return False, ("ready_words", "off: dense (no gain measured at b = 128; MLA b <= 32 slower)")
     return True, ("ready_words", "on: sparse queries outnumber the parts; the combine merges each as its "
                   "pieces land, while the decode grid's last parts run (where sequences >= parts)")
+
+
+SLAB_COLS = 128  # a combine warp's columns of a row (core/combine.cuh kSlabCols)
+
+
+def combine_blocks(spec, ready: bool) -> tuple[int, tuple[str, str]]:
+    """The combine's blocks per SM (core/combine.cuh's launch bounds), and why. A block's merges
+    wait on memory (the sequence's place on the line, then each row's lse, then its partials), so
+    the more blocks an SM holds the more of those waits overlap: 3 (80 registers a thread) where
+    the kernel fits them (ptxas, session 40: every spec's combine); with the ready words' wait
+    compiled in (sparse) it spilled at 80, and with a value of 128 columns (one slab a row) too:
+    those keep 2 (128). At 4 (64 registers) it spilled 24-100 bytes."""
+    if ready:
+        return 2, ("combine_blocks", "2 (128 registers a thread): with the ready words' wait, 3 (80) spilled "
+                   "4 bytes (ptxas, sparse_fp8)")
+    if spec.d_v <= SLAB_COLS:
+        return 2, ("combine_blocks", f"2 (128 registers a thread): a value of {spec.d_v} columns is one slab a "
+                   "row, and at 3 (80) the 128-wide ones spilled 16 bytes (ptxas: gqa8, gta4, mqa, gla4)")
+    return 3, ("combine_blocks", "3 (80 registers a thread): more of the blocks' memory waits overlap "
+               "(same-process A/B against 2, H100, bitwise equal: MLA b=128 s_q 2 0.989, s_q 1 0.994, h_q 64 "
+               "0.994, b=1 0.983, b=8 0.999; GLA-2 s_q 2 0.984, s_q 1 0.993, b=8 1.006); 4 (64) spilled "
+               "24-100 bytes (ptxas)")
 
 
 def misaligned(spec: Spec, layout: Layout, src) -> str | None:

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from ..ir import DTYPES, Spec
 from ..layout import Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, misaligned, ready_words
+from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, combine_blocks, misaligned, ready_words
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by both consumer warp groups
@@ -505,6 +505,7 @@ class HopperFamily(Family):
             DEPENDENT_LAUNCH_WHY[target.dependent_launch],
         )
         ready, ready_why = ready_words(spec, target)
+        blocks, blocks_why = combine_blocks(spec, ready)
         wg0_regs, wg1_regs, producer_regs = (
             RELAY_REGISTERS if relay else
             (CONSUMER_REGISTERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS) if seesaw or layout.fp8 else
@@ -513,7 +514,8 @@ class HopperFamily(Family):
         return HopperConfig(
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
-            dependent_launch=target.dependent_launch, ready_words=ready, seesaw=seesaw, crossover=crossover,
+            dependent_launch=target.dependent_launch, ready_words=ready, combine_blocks=blocks,
+            seesaw=seesaw, crossover=crossover,
             value_first=converts and not relay, slots_ahead=converts, relay=relay,
             skip_unmoved=skips_unmoved(seesaw=seesaw, relay=relay),
             group_fence=group_fence,
@@ -526,4 +528,4 @@ class HopperFamily(Family):
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
             scale_record_bytes=records,
             **r,
-            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why,))
+            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why, blocks_why))

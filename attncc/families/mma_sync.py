@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..ir import SCALE_BYTES, Spec
 from ..layout import CHUNK_BYTES, Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, misaligned, ready_words
+from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, combine_blocks, misaligned, ready_words
 
 MAX_ACC_REGS = 128    # fp32 output accumulators per thread (255 registers, no spills)
 MAX_SCORE_REGS = 32   # fp32 scores per thread
@@ -423,10 +423,11 @@ class MmaSyncFamily(Family):
                           spec.span_of("heads"))
         regs = min(target.max_registers_per_thread, target.registers_per_sm // threads)
         ready, ready_why = ready_words(spec, target)
+        blocks, blocks_why = combine_blocks(spec, ready)
         return MmaSyncConfig(
             tile_m=tile_m, tile_n=tile_n, stages=stages, threads=threads,
             smem_bytes=s["smem_bytes"], registers=regs, compute_bound=bound,
-            dependent_launch=target.dependent_launch, ready_words=ready,
+            dependent_launch=target.dependent_launch, ready_words=ready, combine_blocks=blocks,
             warps=warps, warp_rows=wr, warps_m=wm, warps_n=wn, m_tiles=mt, tokens_per_warp=tok,
             score_n_tiles=nts, value_cols_per_warp=cols, value_n_tiles=nto, acc_registers=acc,
             raw_staging=raw, qk_split=qk_split, qk_n_tiles=qk_n_tiles, qk_steps=qk_steps,
@@ -443,4 +444,4 @@ class MmaSyncFamily(Family):
             empty_barrier0=empty0, barriers=barriers,
             why=tuple(why) + (("registers", f"launch bounds ({threads} threads, 1 CTA): "
                                f"{regs} per thread"),
-                              DEPENDENT_LAUNCH_WHY[target.dependent_launch], ready_why))
+                              DEPENDENT_LAUNCH_WHY[target.dependent_launch], ready_why, blocks_why))

@@ -60,6 +60,7 @@ struct Config {
   static constexpr bool kComputeBound = false;  // 2 tile_m (d_k + d_v) = 8192 < 64 x 384 record bytes per kv head
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kReadyWords = false;  // off: dense (no gain measured at b = 128; MLA b <= 32 slower)
+  static constexpr int kCombineBlocks = 2;  // 2 (128 registers a thread): a value of 128 columns is one slab a row, and at 3 (80) the 128-wide ones spilled 16 bytes (ptxas: gqa8, gta4, mqa, gla4)
   static constexpr int kWarps = 4;  // the fewest warps with a register-legal layout
   static constexpr int kWarpRows = 16;  // the legal row count reading the fewest shared bytes
   static constexpr int kWarpsM = 1;

@@ -165,11 +165,14 @@ __device__ __forceinline__ void merge_task(const AttnccArgs& args, bool whole_ro
     merge_partials<Cfg, 1, kInFlight>(args, row, slab, first, last, prow);
 }
 
-// Two blocks per SM: a register budget of 128, for a lane's kInFlight float4 loads in flight
-// (at four blocks, 64 registers, ptxas spilled them).
+// Cfg::kCombineBlocks blocks per SM (the lowering's combine_blocks: 3, 80 registers a thread for a
+// lane's loads in flight, or 2 where the ready words' wait needs 128): the more blocks an SM
+// holds, the more of their memory waits overlap.
 template <class Cfg>
-__global__ void __launch_bounds__(kCombineWarps * 32, 2) combine_kernel(const __grid_constant__ AttnccArgs args) {
+__global__ void __launch_bounds__(kCombineWarps * 32, Cfg::kCombineBlocks) combine_kernel(const __grid_constant__ AttnccArgs args) {
   static_assert(Cfg::kDV % 4 == 0, "float4 loads");
+  static_assert(Cfg::kCombineBlocks == 2 || (Cfg::kCombineBlocks == 3 && Cfg::kDV > kSlabCols && !Cfg::kReadyWords),
+                "combine_blocks: 3 only where the kernel fits 80 registers (families/base.py combine_blocks)");
   using S = CombineShape<Cfg>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (args.num_parts == 0) {  // split mode: split s of the row at s * rows + row
