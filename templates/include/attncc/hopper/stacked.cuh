@@ -16,8 +16,10 @@
 // products. With the overlap (rows mode; FA3's order within a group) a group also hides its own
 // softmax: with P_i in registers it issues S_{i+1} = Q K_{i+1}^T and O += P_i V_i together, and
 // runs tile i + 1's softmax once S_{i+1} is done, under P_i V_i (O's rescale by r_{i+1} waits for
-// the next round, before P_{i+1} V_{i+1}). It holds S_{i+1} beside P_i: 232 registers a consumer. The stream index k of a tile (Progress::tiles) counts across the pieces a CTA walks,
-// which both roles share: stage k % kStages, its barriers' phase the stage's parity bit, and in
+// the next round, before P_{i+1} V_{i+1}). It holds S_{i+1} beside P_i: 232 registers a consumer.
+//
+// The stream index k of a tile (Progress::tiles) counts across the pieces a CTA walks, which both
+// roles share: stage k % kStages, its barriers' phase the stage's parity bit, and in
 // split mode the reading group k % 2 (a piece-local index would give a stage's consecutive
 // tiles to whichever group, and a model of it deadlocked). With an odd number of stages a stage's
 // consecutive tiles then belong to different groups: a group waits for the release of the stage's
@@ -172,8 +174,8 @@ __device__ __forceinline__ void consume_stacked(const AttnccArgs& a, const CtaWo
     // tiles 0 .. n_iter - 2: no branch between a wgmma and its wait (ptxas serializes every wgmma of the
     // kernel otherwise, C7514)
     for (int it = 0; it + 1 < n_iter; ++it, pr.next_tile()) {
-      const int st = pr.stage, next = st + 1 == Cfg::kStages ? 0 : st + 1;
-      const int parity = pr.parity(st), next_parity = pr.parity(next);
+      const int st = pr.stage, next = st + 1 == Cfg::kStages ? 0 : st + 1;  // (st's FULL: waited a round ago)
+      const int next_parity = pr.parity(next);
       pr.used(st);
       float sn[32];
       scale_rows(o, r);
