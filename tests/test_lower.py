@@ -793,7 +793,7 @@ def test_the_hopper_family_runs_gla2_stacked_and_says_why_not_the_seesaw():
     k = attncc.compile(REPO / "examples" / "gla2.attn")
     cfg = k.plan.config
     assert k.plan.family == "hopper" and not cfg.seesaw and cfg.tile_m == 128 and cfg.out_boxes == 4
-    assert (cfg.consumer_registers, cfg.producer_registers) == (232, 40)  # the overlap's 232 (STACKED_LEAN_REGISTERS)
+    assert (cfg.consumer_registers, cfg.producer_registers) == (232, 40)  # the overlap's 232 (STACKED_OVERLAP_REGISTERS)
     text = k.explain()
     assert re.search(r"^\s+seesaw\s+False\s+not chosen: a 256-wide value fits one warp group's accumulators", text, re.M)
     assert re.search(r"^\s+tile_m\s+128\s+stacked: one wgmma M \(64 rows\) per consumer warp group, each token "

@@ -79,8 +79,9 @@ PRODUCER_REGISTERS = 72
 RELAY_REGISTERS = (192, 160, 152)  # relay: WG0 (O_L, S, softmax), WG1 (O_R), producer: 128 x 504 = 64,512
 STACKED_CONSUMER_REGISTERS = 224  # stacked: 2 x 128 x 224 + 128 x 56 = 64,512 (at 216 its part-mode
 STACKED_PRODUCER_REGISTERS = 56   # kernels spill 4-8 bytes; its producer, one stage a tile, fits 56)
-STACKED_LEAN_REGISTERS = (232, 40)  # stacked with the overlap: 2 x 128 x 232 + 128 x 40 = 64,512 (its parts
-                                    # kernels spilled 28 bytes at 224; a producer of one-page TMA tiles fits 40)
+STACKED_OVERLAP_REGISTERS = (232, 232, 40)  # stacked with the overlap: 2 x 128 x 232 + 128 x 40 = 64,512 (its
+                                            # parts kernels spilled 28 bytes at 224; a producer of one-page TMA
+                                            # tiles fits 40)
 WORK_BYTES = 256       # the consumers' CtaWork (9 ints), then each role's part walk (12 ints)
 BARRIER_BYTES = 8      # an mbarrier
 HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups
@@ -509,7 +510,7 @@ class HopperFamily(Family):
         wg0_regs, wg1_regs, producer_regs = (
             RELAY_REGISTERS if relay else
             (CONSUMER_REGISTERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS) if seesaw or layout.fp8 else
-            (STACKED_LEAN_REGISTERS[0], STACKED_LEAN_REGISTERS[0], STACKED_LEAN_REGISTERS[1]) if overlap else
+            STACKED_OVERLAP_REGISTERS if overlap else
             (STACKED_CONSUMER_REGISTERS, STACKED_CONSUMER_REGISTERS, STACKED_PRODUCER_REGISTERS))
         return HopperConfig(
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
