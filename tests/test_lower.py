@@ -721,10 +721,13 @@ def test_measured_choices_say_where_they_are_taken_and_a_config_override_flips_t
     assert re.search(r"^\s+skip_unmoved\s+False\s+not chosen \(stacked\): where it fits .* s_q 2 1.020", stacked.explain(), re.M)
     assert stacked.plan.config.overlap
     assert re.search(r"^\s+overlap\s+True\s+chosen \(rows mode; FA3's order\)", stacked.explain(), re.M)
-    page5 = compile_quiet(gla("g", heads=128, kv=2, page=5))  # a cp.async producer: more than 40 registers
-    assert not page5.plan.config.overlap and not page5.plan.config.seesaw
-    assert (page5.plan.config.consumer_registers, page5.plan.config.producer_registers) == (224, 56)
-    assert re.search(r"^\s+overlap\s+False\s+not chosen: at 224 registers its parts kernels spilled", page5.explain(), re.M)
+    page5 = compile_quiet(gla("g", heads=128, kv=2, page=5))  # a cp.async producer: fits 40 registers
+    assert page5.plan.config.overlap and page5.plan.config.tma_rows == 0
+    assert (page5.plan.config.consumer_registers, page5.plan.config.producer_registers) == (232, 40)
+    page16 = compile_quiet(gla("g", heads=128, kv=2, page=16))  # four page numbers a tile: more than 40
+    assert not page16.plan.config.overlap and not page16.plan.config.seesaw and page16.plan.config.tma_rows == 16
+    assert (page16.plan.config.consumer_registers, page16.plan.config.producer_registers) == (224, 56)
+    assert re.search(r"^\s+overlap\s+False\s+not chosen: at 224 registers its parts kernels spilled", page16.explain(), re.M)
     page1 = compile_quiet(mla(heads=128, page=1))
     assert page1.plan.config.tma_rows == 0 and not page1.plan.config.producer_fences
     assert re.search(r"^\s+producer_fences\s+False\s+not chosen: .* MLA s_q 2 1.037", page1.explain(), re.M)

@@ -381,8 +381,9 @@ class HopperFamily(Family):
         tma_rows, tma_why = self._tma_rows(spec, layout)
         one_page_tma = tma_rows == TILE_N  # a tile of one page: one copy a box (spread_copies)
         # overlap (stacked.cuh): it needs 232 registers a consumer (224 spilled), which the
-        # producer leaves only where it copies one-page TMA tiles of 16-bit records (40 fit)
-        overlap = one_page_tma and not layout.fp8 and not seesaw
+        # producer of 16-bit records leaves where it holds at most two page numbers a tile
+        # (one-page or two-page TMA tiles, or cp.async: 40 fit; four pages, page 16, spilled 8 bytes)
+        overlap = not layout.fp8 and not seesaw and (tma_rows == 0 or TILE_N // tma_rows <= 2)
         # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
         # the roles trade: the producer gives back what the consumers take
         registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
@@ -471,8 +472,9 @@ class HopperFamily(Family):
             ("producer_registers", "what the relay's consumers leave of 168 x 384" if relay
              else "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
              else "the fp8 conversion of a box pair (4 tokens): 56 spilled with its loads in registers (ptxas, session 18)" if layout.fp8
-             else "what the consumers leave of the launch's 168 x 384: one-page TMA tiles (a tile's validity "
-             "kept in its token, no bool of its own) fit 40 (ptxas)" if overlap
+             else "what the consumers leave of the launch's 168 x 384: a producer of one- or two-page TMA tiles "
+             "(a tile's validity kept in its token, no bool of its own) or of cp.async tiles (a run's boxes on one "
+             "base) fits 40 (ptxas)" if overlap
              else "what the consumers leave of the launch's 168 x 384; 56 does not spill (ptxas)"),
             ("tma_rows", tma_why),
             ("producer_fences", "crossover: the producer fences what it shares; the consumers fence nothing" if crossover else
@@ -494,9 +496,10 @@ class HopperFamily(Family):
              "chosen (rows mode; FA3's order): tile i + 1's S and O += P_i V_i issued together, tile i + 1's "
              "softmax under P_i V_i (bitwise the same; same-process A/B, H100, GLA-2 b=128 s_k 8192: s_q 2 0.980 of main's "
              "time and 0.982 in the other order, 0.978 of the same registers without it; b=8 s_k 32768 0.982; s_q 1, "
-             "split mode, which keeps the order: 1.003-1.005)" if overlap else
-             "not chosen: at 224 registers its parts kernels spilled 28 bytes, and this producer needs more than "
-             "40 (ptxas)"),
+             "split mode, which keeps the order: 1.003-1.005)" + ("" if one_page_tma else
+             " (measured on one-page TMA tiles; here WIP: not measured)") if overlap else
+             "not chosen: at 224 registers its parts kernels spilled 28 bytes, and this producer (four page numbers "
+             "a tile, or fp8 conversion) needs more than 40 (ptxas)"),
             ("scale_record_bytes", records_why),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),

@@ -70,7 +70,7 @@ struct Config {
   static constexpr bool kGroupFence = false;  // no fp8 run
   static constexpr int kConsumerRegisters = 232;  // O (128) + S (32) + P (16) and the rest: no spills (ptxas); the overlap's parts kernels: 224 spilled 28 bytes
   static constexpr int kWg1Registers = 232;  // as WG0's (both groups run the same code)
-  static constexpr int kProducerRegisters = 40;  // what the consumers leave of the launch's 168 x 384: one-page TMA tiles (a tile's validity kept in its token, no bool of its own) fit 40 (ptxas)
+  static constexpr int kProducerRegisters = 40;  // what the consumers leave of the launch's 168 x 384: a producer of one- or two-page TMA tiles (a tile's validity kept in its token, no bool of its own) or of cp.async tiles (a run's boxes on one base) fits 40 (ptxas)
   static constexpr int kTmaRows = 64;  // TMA: a tile's 64 tokens are one run of a page (page 64), a copy per box; a tile with a token outside the view by cp.async
   static constexpr bool kProducerFences = true;  // a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL (the consumers need no fence)
   static constexpr bool kSpreadCopies = true;  // chosen (stacked): box b's copy issued by warp b % 4, not all by thread 0 (same-process A/B, H100, b=128 s_k 8192: GLA-2 s_q 2 0.985 and 0.985 in the other order, s_q 1 1.001; b=8 s_k 32768 s_q 2 0.997)

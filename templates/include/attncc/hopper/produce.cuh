@@ -80,13 +80,15 @@ __device__ __forceinline__ void prefetch_l2_at(const char* base, long long off) 
   asm volatile("{\n.reg .u64 a;\nadd.s64 a, %0, %1;\nprefetch.global.L2 [a];\n}\n" ::"l"(base), "l"(off));
 }
 
-// cp.async of 16 bytes from base + off (zero-filled when !valid), the sum formed in the
-// instruction's own register: the compiler cannot hoist a tile's 64-bit addresses (a box's
-// worth of them) out of the copy sequence into the producer's few registers.
+// cp.async of 16 bytes from base + off + kImm (zero-filled when !valid), the sum formed in the
+// instruction's own register and its immediate: the compiler cannot hoist a tile's 64-bit
+// addresses (a box's worth of them) out of the copy sequence into the producer's few registers,
+// and a run's boxes share one base (each box's place in the run an immediate).
+template <int kImm = 0>
 __device__ __forceinline__ void cp_async_16_at(uint32_t dst, const char* base, long long off, bool valid) {
   asm volatile(
-      "{\n.reg .u64 a;\nadd.s64 a, %1, %2;\ncp.async.cg.shared.global [%0], [a], 16, %3;\n}\n" ::"r"(dst), "l"(base), "l"(off),
-      "r"(valid ? 16 : 0)
+      "{\n.reg .u64 a;\nadd.s64 a, %1, %2;\ncp.async.cg.shared.global [%0], [a+%4], 16, %3;\n}\n" ::"r"(dst), "l"(base), "l"(off),
+      "r"(valid ? 16 : 0), "n"(kImm)
       : "memory");
 }
 
@@ -254,10 +256,11 @@ struct TileTokens {
       constexpr int I = box_source<Cfg>(box);
       constexpr Source src = Cfg::kSources[I];
       if constexpr (!is_fp8(src.dtype)) {
-        const char* base = run_base<Cfg, I>(a, head) + (box * kBoxCols - src.smem_col) * 2 + (p % 8) * 16;
+        const char* base = run_base<Cfg, I>(a, head) + (p % 8) * 16;  // the run's, shared by its boxes
+        constexpr int kBoxBytes = (box * kBoxCols - src.smem_col) * 2;  // the box's place in the run
         const uint32_t dst = T::stage_box(sbase, stage, box);
 #pragma unroll
-        for (int k = 0; k < kMine; ++k) cp_async_16_at(dst + sw128(row(p, k), p % 8), base, off[k][src.tensor], valid[k]);
+        for (int k = 0; k < kMine; ++k) cp_async_16_at<kBoxBytes>(dst + sw128(row(p, k), p % 8), base, off[k][src.tensor], valid[k]);
         if constexpr (!Cfg::kCrossover && !Cfg::kProducerFences) cp_async_arrive(T::full(sbase, stage, box));
       }
     });
