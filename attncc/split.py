@@ -3,7 +3,9 @@ family (a family's plan gives tile_m, tile_n and compute_bound), and the metadat
 `k.plan(seqlens)`. Two modes (templates/include/attncc/core/schedule.cuh):
   split mode  every sequence cut into num_splits equal tile ranges (memory-bound plans);
   part mode   all sequences' tiles laid end to end and cut into num_parts equal parts, one
-              per SM's worth of CTAs (split_kv auto on a compute-bound plan).
+              per SM's worth of CTAs (split_kv auto on a compute-bound plan); where the
+              sequences are even enough, each cut moves back to the start of its sequence
+              (whole-sequence parts: no partials), which the kernels decide from the lengths.
 Either leaves partials that the combine kernel merges; workspace_shapes is the one statement
 of their shapes on the host."""
 from __future__ import annotations
@@ -101,13 +103,13 @@ def metadata(plan, seqlens, s_q: int, sms: int, ctas_per_sm: int,
 def workspace_shapes(plan, batch: int, s_q: int, splits: int, parts: int):
     """(partial_out, partial_lse) shapes of a launch (abi.h), or None when it needs none.
     Part mode: only a part's first and last pieces can be partial, so 2 slots per part; the
-    partial lse is followed by the slots' ready words, one per lane (core/ready.cuh), in one
-    flat float32 allocation."""
+    partial lse is followed by the slots' ready words, one per lane, and the word that says
+    whether the parts hold whole sequences (core/ready.cuh), in one flat float32 allocation."""
     if not (splits > 1 or parts):
         return None
     if parts:
         rows = 2 * parts * s_q * plan.heads_q
-        return ((2 * parts, 1, s_q, plan.heads_q, plan.d_v), (rows + 2 * parts * lanes(plan, s_q),))
+        return ((2 * parts, 1, s_q, plan.heads_q, plan.d_v), (rows + 2 * parts * lanes(plan, s_q) + 1,))
     return ((splits, batch, s_q, plan.heads_q, plan.d_v), (splits, batch, s_q, plan.heads_q))
 
 

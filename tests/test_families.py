@@ -161,9 +161,9 @@ def test_workspace_shapes_follow_the_mode():
     assert split.workspace_shapes(plan, 8, 2, 1, 0) is None
     assert split.workspace_shapes(plan, 8, 2, 3, 0) == ((3, 8, 2, 128, 512), (3, 8, 2, 128))
     # part mode: the partial lse, then a ready word per slot and lane (s_q 2 x 128 heads: 4 row
-    # blocks of 64, one kv head)
+    # blocks of 64, one kv head), then the word of whole-sequence parts
     assert split.lanes(plan, 2) == 4
-    assert split.workspace_shapes(plan, 8, 2, 1, 33) == ((66, 1, 2, 128, 512), (66 * 2 * 128 + 66 * 4,))
+    assert split.workspace_shapes(plan, 8, 2, 1, 33) == ((66, 1, 2, 128, 512), (66 * 2 * 128 + 66 * 4 + 1,))
     assert split.workspace_bytes(plan, 8, 2, 3, 0) == 4 * (3 * 8 * 2 * 128 * 513)
 
 

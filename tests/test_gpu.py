@@ -164,9 +164,38 @@ def test_ready_words_of_an_earlier_call_are_never_taken(kernels, name):
 @pytest.mark.parametrize("batch", [16, 31, 32])
 def test_uniform_batch_on_33_parts(kernels, name, batch):
     """Equal sequences on the H200's 33 parts (MLA h_q 128): a cut inside most sequences,
-    at a different place in each; 16 sequences: every sequence crosses two or three parts."""
+    at a different place in each; 16 sequences: every sequence crosses two or three parts;
+    32: parts of whole sequences (schedule.cuh; 31 are too few: 33/31 > 17/16)."""
     k = kernels[name]
     _check_on_parts(k, [5 * k.spec.page_size + 3] * batch, 33, seed=batch)
+
+
+@pytest.mark.parametrize("name", with_families(["mla", "gqa8", "gla2", "mla_fp8_sparse", "gqa8_separate", "mla_page1_h128", "mla_page5_h64",
+                                        "mla_fp8_page1_h64", "mla_fp8_per128_h64", "gla_fp8_e5m2", "sparse_fp8_h64",
+                                        "mla_fp8_crossover", "sparse_fp8_h128"]))
+def test_whole_sequence_parts(kernels, name):
+    """Parts of whole sequences (schedule.cuh) and cut parts, one call after another on the same
+    33 parts (the same workspace back from the caching allocator, poisoned before the first: NaN
+    partials; each cut call finds the word of the whole call before it), each against the reference
+    with its outputs poisoned: a combine that took a cut call for whole would leave its crossing
+    sequences unmerged, one that merged a sequence the decode kernel wrote whole would read NaN.
+    Whole: 64 equal sequences (one or two a part) among 7 empty ones at the seams of the kernels'
+    32-sequence scans (0, 31, 32, 33, 63, 64, 70: an empty run just before a sequence that holds
+    a cut); sparse: 64 queries. Cut: 24 ragged sequences (sparse: 24 s_q queries)."""
+    k = kernels[name]
+    P = k.spec.page_size
+    empty = {0, 31, 32, 33, 63, 64, 70}
+    for s_q in range(1, k.spec.max_query_len + 1):
+        whole = [5 * P + 3] * (64 // s_q) if k.spec.sparse else [0 if i in empty else 5 * P + 3 for i in range(71)]
+        cut = [(97 * i) % (9 * P) + 1 for i in range(24)]
+        testing.poison_allocator(*((shape, torch.float32) for shape in split.workspace_shapes(k.plan, 1, s_q, 1, 33)))
+        for call, lengths in enumerate([whole, cut, whole, cut]):
+            case = testing.random_case(k.spec, lengths, s_q, seed=100 * s_q + call)
+            _poison(k.spec, len(lengths), s_q)
+            out, lse = k.op(case.q, cache_list(k.spec, case.cache), case.block_table, case.seqlens,
+                            case.indices, k.spec.softmax_scale, -33)
+            result = testing.compare(k.spec, case, out, lse)
+            assert result.ok, f"{name} s_q={s_q} call {call} ({'whole' if call % 2 == 0 else 'cut'}): {result}"
 
 
 @pytest.mark.parametrize("name", with_families(["mla", "gla2", "gqa8", "mla_fp8_sparse", "sparse_bf16_h128"]))

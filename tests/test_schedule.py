@@ -37,24 +37,48 @@ def walk(tmp_path_factory):
     def run(cases):
         text = "".join(f"{parts} {' '.join(map(str, tiles))}\n" for parts, tiles in cases)
         out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout
-        results, pieces, combine = [], [], {}
+        results, pieces, combine, mode = [], [], {}, None
         for line in out.splitlines():
             tag, *rest = line.split()
-            if tag == "W":
+            if tag == "Q":  # equal sequences: the closed form must agree with the walk's decision
+                assert rest[0] == mode, f"equal_whole_parts says {rest[0]}, the scan {mode}: {line}"
+            elif tag == "M":
+                mode = rest[0]
+                assert rest[1] == "1" or mode == "cut", f"whole parts where whole_parts_possible says none: {line}"
+            elif tag == "W":
                 pieces.append(tuple(map(int, rest)))
             elif tag == "C":
                 combine[int(rest[0])] = None if rest[1:] == ["-"] else [int(x) for x in rest[1:]]
             else:
-                results.append((pieces, combine))
-                pieces, combine = [], {}
+                results.append((pieces, combine, mode == "whole"))
+                pieces, combine, mode = [], {}, None
         return results
 
     return run
 
 
-def _check(parts, tiles, pieces, combine):
+def _whole_bounds(parts, tiles):
+    """Whole-sequence parts, modelled apart from the header: each cut p T / P moved back to the
+    start of the sequence it falls in; the bounds, and whether the launch takes them (some
+    tiles, the longest part at most 17/16 of T / P)."""
+    total = sum(tiles)
+    starts, base = [], 0
+    for n in tiles:
+        starts += [base] * sum(1 for p in range(parts) if base <= p * total // parts < base + n)
+        base += n
+    bounds = (starts or [0] * parts) + [total]  # no tiles: every part empty, the last holds all
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    return bounds, total > 0 and longest * parts * 16 <= total * 17
+
+
+def _check(parts, tiles, pieces, combine, whole):
     total = sum(tiles)
     label = f"parts={parts} tiles={tiles}"
+    bounds, expect_whole = _whole_bounds(parts, tiles)
+    assert whole == expect_whole, f"{label}: whole-sequence parts {whole}, the model says {expect_whole}"
+    if whole:
+        _check_whole(parts, tiles, pieces, combine, bounds, label)
+        return
     by_seq = {s: [] for s in range(len(tiles))}
     by_part = {p: [] for p in range(parts)}
     part_tiles = [0] * parts
@@ -86,6 +110,20 @@ def _check(parts, tiles, pieces, combine):
     assert all(0 <= s < 2 * parts for s in written), label
 
 
+def _check_whole(parts, tiles, pieces, combine, bounds, label):
+    """Whole-sequence parts: each sequence one piece, written directly, in part order; the
+    parts as the model cuts them, none longer than 17/16 of the even length."""
+    assert sorted(seq for _, seq, *_ in pieces) == list(range(len(tiles))), f"{label}: {pieces}"
+    assert all(lo == 0 and hi == tiles[seq] and slot == -1 for _, seq, lo, hi, slot in pieces), f"{label}: {pieces}"
+    assert [p for p, *_ in pieces] == sorted(p for p, *_ in pieces), f"{label}: parts out of order"
+    assert all(slots is None for slots in combine.values()), f"{label}: {combine}"
+    part_tiles = [0] * parts
+    for part, _, lo, hi, _ in pieces:
+        part_tiles[part] += hi - lo
+    assert part_tiles == [b - a for a, b in zip(bounds, bounds[1:])], f"{label}: {part_tiles} {bounds}"
+    assert max(part_tiles) * parts * 16 <= sum(tiles) * 17, label
+
+
 def test_fixed_cases(walk):
     cases = [
         (1, [5]), (3, [5]), (4, [1, 1]), (8, [0, 0, 3]), (2, [0]), (3, []), (5, [0, 0]),
@@ -93,8 +131,8 @@ def test_fixed_cases(walk):
         (4, [3, 0, 0, 9, 0]), (7, [0, 2, 0]), (2, [4, 0, 4]), (3, [1, 0, 0, 0, 2]),
         (16, [1000, 1, 1, 1]),             # one long sequence among short ones
     ]
-    for (parts, tiles), (pieces, combine) in zip(cases, walk(cases)):
-        _check(parts, tiles, pieces, combine)
+    for (parts, tiles), (pieces, combine, whole) in zip(cases, walk(cases)):
+        _check(parts, tiles, pieces, combine, whole)
 
 
 def test_random_ragged_batches(walk):
@@ -113,16 +151,39 @@ def test_random_ragged_batches(walk):
         else:
             tiles = [rng.randrange(0, 300)] * rng.choice([size, parts, parts - 1, 2 * parts - 2])  # uniform
         cases.append((parts, tiles))
-    for (parts, tiles), (pieces, combine) in zip(cases, walk(cases)):
-        _check(parts, tiles, pieces, combine)
+    for (parts, tiles), (pieces, combine, whole) in zip(cases, walk(cases)):
+        _check(parts, tiles, pieces, combine, whole)
+
+
+def test_whole_sequence_parts(walk):
+    """Even batches run on parts of whole sequences (schedule.cuh): b = 128 on 66 parts (parts
+    of one and two sequences, 3 % over the even length), 32 on 33, 64 on 33 with empty
+    sequences among them; not where the longest part would exceed 17/16 of the even length:
+    31 on 33 (6.5 %), 16 on 33, one long sequence among short ones."""
+    zeros_among = [0, 0] + [i % 2 * 9 for i in range(128)] + [0]
+    cases = [((66, [128] * 128), True), ((33, [97] * 32), True), ((33, zeros_among), True),
+             ((66, [40] * 256), True), ((33, [97] * 31), False), ((33, [97] * 16), False),
+             ((16, [1000] + [1] * 40), False), ((132, [7] * 132), True), ((66, [128] * 127 + [129]), True)]
+    for ((parts, tiles), expect), (pieces, combine, whole) in zip(cases, walk([c for c, _ in cases])):
+        assert whole == expect, f"parts={parts} b={len(tiles)}: whole {whole}"
+        _check(parts, tiles, pieces, combine, whole)
 
 
 def test_the_check_catches_a_broken_walk(walk):
     """The invariants are not vacuous: a dropped piece or a swapped slot fails them."""
-    (pieces, combine), = walk([(3, [5, 4, 4])])
-    _check(3, [5, 4, 4], pieces, combine)
+    (pieces, combine, whole), = walk([(3, [5, 4, 4])])
+    assert not whole
+    _check(3, [5, 4, 4], pieces, combine, whole)
     with pytest.raises(AssertionError):
-        _check(3, [5, 4, 4], pieces[1:], combine)
+        _check(3, [5, 4, 4], pieces[1:], combine, whole)
     split = next(s for s, slots in combine.items() if slots)
     with pytest.raises(AssertionError):
-        _check(3, [5, 4, 4], pieces, {**combine, split: combine[split][::-1]})
+        _check(3, [5, 4, 4], pieces, {**combine, split: combine[split][::-1]}, whole)
+    with pytest.raises(AssertionError):  # the mode, or a piece moved to the next part
+        _check(3, [5, 4, 4], pieces, combine, not whole)
+    (pieces, combine, whole), = walk([(4, [3] * 8)])
+    assert whole
+    _check(4, [3] * 8, pieces, combine, whole)
+    moved = [(p + (i == 1), *rest) for i, (p, *rest) in enumerate(pieces)]
+    with pytest.raises(AssertionError):
+        _check(4, [3] * 8, moved, combine, whole)

@@ -148,6 +148,7 @@ class HopperConfig(KernelConfig):
     rows_off: int             # row state: m, c_a, c_b, l of each warp group (floats per row)
     work_off: int             # the consumers' CtaWork, then the part walks
     walk_c_off: int
+    whole_off: int            # after the consumers' walk: whether the parts hold whole sequences
     walk_p_off: int
     scale_record_bytes: int   # a token's scales of the fp8 run, one 16-byte copy a tile (0: a
                               # 4-byte copy a token and box pair, into the pair's first box)
@@ -346,7 +347,7 @@ class HopperFamily(Family):
             scales_off = work_off + WORK_BYTES
             return dict(q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
                         flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,
-                        walk_c_off=work_off + 64, walk_p_off=work_off + 128, scales_off=scales_off,
+                        walk_c_off=work_off + 64, whole_off=work_off + 112, walk_p_off=work_off + 128, scales_off=scales_off,
                         smem=scales_off + stages * TILE_N * records)
 
         def fits(stages: int) -> bool:

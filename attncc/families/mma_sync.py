@@ -26,6 +26,7 @@ ROWS = (16, 32, 64)   # tile_m: whole 16-row mma tiles over 4 or 8 warps
 ALIGN_ELEMS = 8       # 16-byte ldmatrix rows / cp.async chunks of 16-bit data
 WORK_BYTES = 128      # shared memory for the CTA's work (9 ints) and its part walk (12 ints)
 WALK_OFFSET = 64      # ... the part walk's place in it
+WHOLE_OFFSET = 112    # ... then whether the parts hold whole sequences (one int)
 SLOT_BYTES = 4        # a token's slot (int) in the slot ring
 STREAM_TILE_BYTES = 16 * 1024  # a 16-row tile's KV stage stages at least this much (measured)
 
@@ -91,6 +92,7 @@ class MmaSyncConfig(KernelConfig):
     red_off: int              # [tile_m][warps_n] floats: row-group reductions
     work_off: int             # the CTA's work, then (walk_off) its part walk
     walk_off: int
+    whole_off: int
     work_bytes: int
     row_group_barrier0: int   # named barriers: row groups 1..WM (0 is __syncthreads)
     pair_barrier0: int        # ... one per qk_split pair
@@ -140,7 +142,7 @@ def smem_regions(d_k: int, layout: Layout, tile_m: int, tile_n: int, stages: int
     r["slot_pitch"] = tile_n + -(-r["hole_words"] // 4) * 4  # hole words 16-byte aligned (tile_n % 16 == 0)
     r["red_off"] = r["slot_off"] + (stages + 1) * r["slot_pitch"] * SLOT_BYTES
     r["work_off"] = r["red_off"] + warps_n * tile_m * 4
-    r.update(walk_off=WALK_OFFSET, work_bytes=WORK_BYTES, smem_bytes=r["work_off"] + WORK_BYTES)
+    r.update(walk_off=WALK_OFFSET, whole_off=WHOLE_OFFSET, work_bytes=WORK_BYTES, smem_bytes=r["work_off"] + WORK_BYTES)
     return r
 
 
@@ -439,7 +441,8 @@ class MmaSyncFamily(Family):
             raw_tile_bytes=s["raw_tile_bytes"], q_off=s["q_off"], kv_off=s["kv_off"],
             raw_off=s["raw_off"], p_off=s["p_off"], slot_off=s["slot_off"], slot_pitch=s["slot_pitch"],
             hole_words=s["hole_words"], red_off=s["red_off"],
-            work_off=s["work_off"], walk_off=s["walk_off"], work_bytes=s["work_bytes"],
+            work_off=s["work_off"], walk_off=s["walk_off"], whole_off=s["whole_off"],
+            work_bytes=s["work_bytes"],
             row_group_barrier0=1, pair_barrier0=pair0, full_barrier0=full0,
             empty_barrier0=empty0, barriers=barriers,
             why=tuple(why) + (("registers", f"launch bounds ({threads} threads, 1 CTA): "

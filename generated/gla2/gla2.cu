@@ -91,6 +91,7 @@ struct Config {
   static constexpr int kRowsOff = 205264;
   static constexpr int kWorkOff = 206544;
   static constexpr int kWalkCOff = 206608;
+  static constexpr int kWholeOff = 206656;
   static constexpr int kWalkPOff = 206672;
   static constexpr int kScaleRecordBytes = 0;  // no fp8 run
   static constexpr int kScalesOff = 206800;

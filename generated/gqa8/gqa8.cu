@@ -104,6 +104,7 @@ struct Config {
   static constexpr int kRedOff = 38576;
   static constexpr int kWorkOff = 38832;
   static constexpr int kWalkOff = 64;
+  static constexpr int kWholeOff = 112;
   static constexpr int kWorkBytes = 128;
   static constexpr int kRowGroupBarrier0 = 1;
   static constexpr int kPairBarrier0 = 2;

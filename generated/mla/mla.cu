@@ -91,6 +91,7 @@ struct Config {
   static constexpr int kRowsOff = 221568;
   static constexpr int kWorkOff = 222848;
   static constexpr int kWalkCOff = 222912;
+  static constexpr int kWholeOff = 222960;
   static constexpr int kWalkPOff = 222976;
   static constexpr int kScaleRecordBytes = 0;  // no fp8 run
   static constexpr int kScalesOff = 223104;

@@ -91,6 +91,7 @@ struct Config {
   static constexpr int kRowsOff = 221568;
   static constexpr int kWorkOff = 222848;
   static constexpr int kWalkCOff = 222912;
+  static constexpr int kWholeOff = 222960;
   static constexpr int kWalkPOff = 222976;
   static constexpr int kScaleRecordBytes = 16;  // a token's 4 scales by one 16-byte copy a tile into the stage's records, not a 4-byte copy a box pair
   static constexpr int kScalesOff = 223104;

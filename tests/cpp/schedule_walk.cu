@@ -1,6 +1,9 @@
 // Host driver for tests/test_schedule.py: runs attncc/core/schedule.cuh's balanced schedule on
 // cases read from stdin ("P n_0 n_1 ..." per line: parts, then each sequence's tile count) and
 // prints what the decode kernel's walk and the combine's lookup would do:
+//     M whole|cut possible                    whether the parts hold whole sequences, and whether
+//                                             whole_parts_possible lets them (0 / 1)
+//     Q whole|cut                             equal sequences: what equal_whole_parts says
 //     W part seq tile_begin tile_end slot     one line per piece, parts in order
 //     C seq slot...                           the partial slots the combine merges ("C seq -":
 //                                             none, the kernel wrote the sequence directly)
@@ -25,10 +28,20 @@ int main() {
     long long total = 0;
     for (int x : n) total += x;
 
+    // the parts' bounds: part_begin, or whole-sequence parts' begin' where the launch takes them
+    const bool whole = attncc::whole_parts_sequential(tiles, num_seqs, total, parts);
+    auto begin = [&](int p) {
+      return whole ? attncc::whole_begin_sequential(tiles, num_seqs, total, parts, p) : attncc::part_begin(p, total, parts);
+    };
+    std::cout << "M " << (whole ? "whole" : "cut") << ' ' << attncc::whole_parts_possible(num_seqs, parts) << '\n';
+    bool equal = true;
+    for (int x : n) equal = equal && x == n[0];
+    if (equal && num_seqs > 0) std::cout << "Q " << (attncc::equal_whole_parts(num_seqs, n[0], parts) ? "whole" : "cut") << '\n';
     for (int p = 0; p < parts; ++p) {
       long long first_base = 0;
-      const int first = attncc::first_seq_sequential(tiles, num_seqs, attncc::part_begin(p, total, parts), &first_base);
-      for (auto w = attncc::PartWalk::start(p, parts, num_seqs, total, first, first_base); w.has_piece(); w.next(n[w.seq])) {
+      const int first = attncc::first_seq_sequential(tiles, num_seqs, begin(p), &first_base);
+      for (auto w = attncc::PartWalk::start(p, parts, num_seqs, total, begin(p), begin(p + 1), first, first_base); w.has_piece();
+           w.next(n[w.seq])) {
         const attncc::Piece pc = w.piece(n[w.seq]);
         std::cout << "W " << p << ' ' << pc.seq << ' ' << pc.tile_begin << ' ' << pc.tile_end << ' ' << pc.slot << '\n';
       }
@@ -37,7 +50,7 @@ int main() {
     for (int s = 0; s < num_seqs; ++s) {
       const auto sp = attncc::SeqPieces::of(base, n[s], total, parts);
       std::cout << "C " << s;
-      if (sp.whole()) {
+      if (whole || sp.whole()) {
         std::cout << " -";
       } else {
         for (int p = sp.first; p <= sp.last; ++p)

@@ -33,7 +33,8 @@
  *   split mode  partial_out [num_splits, b, s_q, h_q, d_v], partial_lse [num_splits, b, s_q, h_q]
  *   part mode   partial_out [2 num_parts, 1, s_q, h_q, d_v], partial_lse [2 num_parts, 1, s_q, h_q]
  *               then int32 ready words [2 num_parts, lanes] (core/ready.cuh; lanes: row blocks x
- *               kv heads), in partial_lse's allocation
+ *               kv heads) and one int32 word (whether the parts hold whole sequences), in
+ *               partial_lse's allocation
  */
 #ifndef ATTNCC_ABI_H_
 #define ATTNCC_ABI_H_

@@ -9,7 +9,9 @@
 // loaded once (warp max and sum), then the weighted sum with several pieces' loads issued
 // before any is used, pieces in order: deterministic. Split mode: split s of a row at workspace
 // row s * rows + row. Part mode (schedule.cuh): only sequences that cross parts have partials,
-// at the slots of their pieces; the others were written by the decode kernel and are skipped.
+// at the slots of their pieces; the others were written by the decode kernel and are skipped
+// (all of them where the parts hold whole sequences, schedule.cuh: the arguments or a word the
+// decode kernel writes say so, core/ready.cuh, and the blocks return at once).
 // Where a sequence lies on the line takes a warp scan of the whole batch, so a part-mode block
 // takes several rows of one sequence and scans once: 16 rows, a warp per row, when there are
 // blocks enough to fill the GPU, else a warp per slab of as many rows as fill the block (MLA at
@@ -191,6 +193,11 @@ __global__ void __launch_bounds__(kCombineWarps * 32, Cfg::kCombineBlocks) combi
   const int part_rows = S::part_rows(W::num_seqs(args), seq_rows);
   const int chunks = ceil_div(seq_rows, part_rows);
   const int seq = static_cast<int>(blockIdx.x / chunks), chunk = static_cast<int>(blockIdx.x % chunks);
+  const bool ready = ready_words_on<Cfg>(args);  // else every block waits for the decode grid
+  if (whole_parts_for_combine<Cfg>(args)) {  // the decode kernel wrote every sequence (core/ready.cuh)
+    if (blockIdx.x == 0) wait_for_decode<Cfg>();
+    return;
+  }
   __shared__ SeqPieces pieces;
   if (warp == 0) {  // where the sequence lies on the line of all tiles (schedule.cuh)
     const TilePrefix line = tiles_before<Cfg>(args, seq, lane);
@@ -199,7 +206,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32, Cfg::kCombineBlocks) combi
   }
   __syncthreads();
   const SeqPieces sp = pieces;
-  const bool ready = ready_words_on<Cfg>(args);  // else every block waits for the decode grid
   if (!ready || blockIdx.x == 0) wait_for_decode<Cfg>();
   if (sp.whole()) return;  // the decode kernel wrote this sequence
   if (ready) {

@@ -38,12 +38,49 @@ __host__ __device__ __forceinline__ bool ready_words_on(const AttnccArgs& a) {
 
 // The words, and the word of slot `slot`, lane `lane`.
 template <class Cfg>
+__device__ __forceinline__ int* ready_words_at(float* partial_lse, int s_q, int parts) {
+  return reinterpret_cast<int*>(partial_lse + 2LL * parts * s_q * Cfg::kHeadsQ);
+}
+template <class Cfg>
 __device__ __forceinline__ int* ready_words(const AttnccArgs& a) {
-  return reinterpret_cast<int*>(a.partial_lse + 2LL * a.num_parts * a.s_q * Cfg::kHeadsQ);
+  return ready_words_at<Cfg>(a.partial_lse, a.s_q, a.num_parts);
 }
 template <class Cfg>
 __device__ __forceinline__ int* ready_word(const AttnccArgs& a, int slot, int lane) {
   return ready_words<Cfg>(a) + slot * CtaWork<Cfg>::lanes(a.s_q) + lane;
+}
+
+// The word after them says whether the parts hold whole sequences (schedule.cuh), for the
+// combine's blocks, which then have nothing to merge, without a scan of the lengths each: 1, or 0
+// (cut). Sparse plans need none: their sequences (queries) all have top-k's tiles, so the
+// arguments tell (equal_whole_parts); they are the plans with ready words, whose combine launches
+// as the decode CTAs start. Other plans' combine launches once every decode CTA has let it (at the
+// CTA's end, close_parts): where the sequences are enough for whole parts (whole_parts_possible;
+// else neither kernel touches the word), each CTA writes it (all the same value, from the lengths)
+// and fences it first, so that a combine block reads this call's value at once (at the L2: a
+// block's L1 may hold an earlier call's).
+template <class Cfg>
+__device__ __forceinline__ int* whole_word_at(float* partial_lse, int s_q, int parts) {
+  return ready_words_at<Cfg>(partial_lse, s_q, parts) + 2 * parts * CtaWork<Cfg>::lanes(s_q);
+}
+template <class Cfg>
+__device__ __forceinline__ void publish_whole_parts(const AttnccArgs& a, bool whole) {
+  static_assert(!Cfg::kReadyWords || Cfg::kSparse, "the word is written as the CTA ends: for a combine launched after that");
+  if constexpr (!Cfg::kSparse) {
+    if (!whole_parts_possible(a.batch, a.num_parts)) return;
+    *whole_word_at<Cfg>(a.partial_lse, a.s_q, a.num_parts) = whole ? 1 : 0;
+    __threadfence();
+  }
+}
+template <class Cfg>
+__device__ __forceinline__ bool whole_parts_for_combine(const AttnccArgs& a) {
+  using W = CtaWork<Cfg>;
+  if constexpr (Cfg::kSparse) {
+    return equal_whole_parts(W::num_seqs(a), ceil_div(Cfg::kTopK, Cfg::kTileN), a.num_parts);
+  } else {
+    return whole_parts_possible(W::num_seqs(a), a.num_parts) &&
+           load_acquire_gpu(whole_word_at<Cfg>(a.partial_lse, a.s_q, a.num_parts)) == 1;
+  }
 }
 
 // The decode's part kernels, in order:

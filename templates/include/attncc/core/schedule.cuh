@@ -15,6 +15,15 @@
 //     slot = 2 p + 1  the piece starts later (it runs to the part's end)
 // A sequence of no tiles is a piece of the part where its base falls (the last part when its
 // base is T), written directly: out = 0, lse = -inf.
+//
+// Whole-sequence parts: where the sequences are even enough, each cut moves back to the start of
+// the sequence it falls in,
+//     begin'(p) = base(s) for the sequence s with base(s) <= begin(p) < base(s) + n(s),
+// so that no sequence crosses parts: no partials, nothing for the combine to merge. Taken where
+// the longest part so cut is at most (1 + 1 / kWholeSlack) T / P: equal sequences, b = 128 on 66
+// parts, cut into parts of one and two sequences (2 / 1.94 = 1.03), where cutting them costs more
+// (the partials and their merge: unsplit took 0.92 of the cut parts' time, bench/RESULTS.md,
+// session 40). Decode and combine kernels decide alike, from the lengths (work.cuh part_line).
 #pragma once
 
 namespace attncc {
@@ -22,6 +31,57 @@ namespace attncc {
 // First tile of part p of `parts` over `total` tiles.
 __host__ __device__ __forceinline__ long long part_begin(int p, long long total, int parts) {
   return p * total / parts;
+}
+
+// Whole-sequence parts where the longest is at most 1 + 1 / kWholeSlack times the even length
+// (a line of no tiles is cut: either way its sequences are the last part's). Never with fewer
+// than kWholeSlack / (kWholeSlack + 1) P sequences: some part holds T / num_seqs or more.
+constexpr int kWholeSlack = 16;
+__host__ __device__ __forceinline__ bool whole_parts_fit(long long longest, long long total, int parts) {
+  return total > 0 && longest * parts * kWholeSlack <= total * (kWholeSlack + 1);
+}
+__host__ __device__ __forceinline__ bool whole_parts_possible(int num_seqs, int parts) {
+  return 1LL * num_seqs * (kWholeSlack + 1) >= 1LL * parts * kWholeSlack;
+}
+
+// The cuts begin(p) of a line of total > 0 tiles without a 64-bit division each (the scans ask
+// for one per sequence): begin(p) = p per_part + p rest / P (p rest < P^2: 32 bits).
+struct LineCuts {
+  long long per_part;
+  int parts, rest;
+  float parts_per_tile;
+
+  __host__ __device__ static LineCuts of(long long total, int parts) {
+    LineCuts c;
+    c.per_part = total / parts;
+    c.rest = static_cast<int>(total % parts);
+    c.parts = parts;
+    c.parts_per_tile = static_cast<float>(parts) / static_cast<float>(total);
+    return c;
+  }
+  __host__ __device__ long long begin(int p) const { return p * per_part + p * rest / parts; }
+  // The first p with begin(p) >= b (0 <= b <= T; P where none): b P / T in float, within one
+  // of it, then exact.
+  __host__ __device__ int first_at(long long b) const {
+    const int guess = static_cast<int>(static_cast<float>(b) * parts_per_tile);
+    int p = guess < parts ? guess : parts;
+    while (p > 0 && begin(p - 1) >= b) --p;
+    while (p < parts && begin(p) < b) ++p;
+    return p;
+  }
+  // Whether a sequence of tiles [b, e) (e > b) holds a cut: some begin(p) of parts p < P in it.
+  __host__ __device__ bool held_by(long long b, long long e) const {
+    const int p = first_at(b);
+    return p < parts && begin(p) < e;
+  }
+};
+
+// Whether S sequences of n tiles each (sparse queries: top-k's tiles each) take whole-sequence
+// parts: the sequence holding cut p is floor(p S / P), so the parts hold floor((p + 1) S / P) -
+// floor(p S / P) sequences, at most ceil(S / P).
+__host__ __device__ __forceinline__ bool equal_whole_parts(int num_seqs, int n, int parts) {
+  const long long most = (num_seqs + parts - 1) / parts;
+  return whole_parts_possible(num_seqs, parts) && whole_parts_fit(most * n, 1LL * num_seqs * n, parts);
 }
 
 // The part holding tile x (0 <= x < total): the last p with part_begin(p) <= x, so empty parts
@@ -45,14 +105,16 @@ struct PartWalk {
   int seq;                      // the current sequence
   long long base;               // its first tile on the line
 
-  __host__ __device__ static PartWalk start(int p, int P, int num_seqs, long long total, int first_seq, long long first_base) {
+  // begin, end: the part's bounds (part_begin, or whole-sequence parts' begin')
+  __host__ __device__ static PartWalk start(int p, int P, int num_seqs, long long total, long long begin, long long end,
+                                            int first_seq, long long first_base) {
     PartWalk w;
     w.part = p;
     w.parts = P;
     w.num_seqs = num_seqs;
     w.total = total;
-    w.begin = part_begin(p, total, P);
-    w.end = part_begin(p + 1, total, P);
+    w.begin = begin;
+    w.end = end;
     w.seq = first_seq;
     w.base = first_base;
     return w;
@@ -100,13 +162,43 @@ __host__ __device__ int first_seq_sequential(const Tiles& tiles, int num_seqs, l
   return num_seqs;
 }
 
+// Whole-sequence parts, sequentially (the reference of work.cuh's part_line): whether the launch
+// takes them, and begin'(p) (p = P: T).
+template <class Tiles>
+__host__ __device__ bool whole_parts_sequential(const Tiles& tiles, int num_seqs, long long total, int parts) {
+  if (total == 0) return false;
+  const LineCuts cuts = LineCuts::of(total, parts);
+  long long base = 0, last = 0, longest = 0;  // last: the start of the last sequence holding a cut
+  for (int s = 0; s < num_seqs; ++s) {
+    const long long n = tiles(s);
+    if (n > 0 && cuts.held_by(base, base + n)) {
+      longest = base - last > longest ? base - last : longest;
+      last = base;
+    }
+    base += n;
+  }
+  longest = total - last > longest ? total - last : longest;
+  return whole_parts_fit(longest, total, parts);
+}
+template <class Tiles>
+__host__ __device__ long long whole_begin_sequential(const Tiles& tiles, int num_seqs, long long total, int parts, int p) {
+  if (p >= parts) return total;
+  const long long cut = part_begin(p, total, parts);
+  long long base = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const long long n = tiles(s);
+    if (base <= cut && cut < base + n) return base;
+    base += n;
+  }
+  return total;  // no tiles at all
+}
+
 // The pieces of one sequence as the combine sees them: parts first..last, skipping empty ones.
 // Valid for a sequence with n > 0 tiles that crosses parts (first < last).
 struct SeqPieces {
   long long base, total;
   int n, parts, first, last;
-  long long per_part;  // total = per_part parts + rest: part_begin without a 64-bit division
-  int rest;
+  LineCuts cuts;  // part_begin without a 64-bit division
 
   __host__ __device__ static SeqPieces of(long long base, int n, long long total, int parts) {
     SeqPieces s;
@@ -116,13 +208,11 @@ struct SeqPieces {
     s.parts = parts;
     s.first = n > 0 ? part_of(base, total, parts) : -1;
     s.last = n > 0 ? part_of(base + n - 1, total, parts) : -1;
-    s.per_part = total / parts;
-    s.rest = static_cast<int>(total % parts);
+    s.cuts = LineCuts::of(total, parts);
     return s;
   }
   __host__ __device__ bool whole() const { return first == last; }  // written directly (or n == 0)
-  // part_begin(p, total, parts) = p per_part + p rest / parts (p rest < parts^2: 32 bits).
-  __host__ __device__ long long begin(int p) const { return p * per_part + p * rest / parts; }
+  __host__ __device__ long long begin(int p) const { return cuts.begin(p); }
   // The partial slot of the piece in part p (first <= p <= last), or -1 when part p is empty.
   __host__ __device__ int slot(int p) const {
     const long long b = begin(p);

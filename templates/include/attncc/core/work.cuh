@@ -32,7 +32,8 @@ struct CtaWork {
     const int rows = Cfg::kSparse ? Cfg::kGroup : s_q * Cfg::kGroup;
     return ceil_div(rows, Cfg::kTileM) * Cfg::kHeadsKV;
   }
-  __host__ __device__ __forceinline__ static int num_seqs(const AttnccArgs& a) { return Cfg::kSparse ? a.batch * a.s_q : a.batch; }
+  __host__ __device__ __forceinline__ static int num_seqs(int batch, int s_q) { return Cfg::kSparse ? batch * s_q : batch; }
+  __host__ __device__ __forceinline__ static int num_seqs(const AttnccArgs& a) { return num_seqs(a.batch, a.s_q); }
   // Query rows of one sequence, contiguous in [b, s_q, h_q]: dense s_q h_q, sparse h_q.
   __host__ __device__ __forceinline__ static int seq_rows(int s_q) { return Cfg::kSparse ? Cfg::kHeadsQ : s_q * Cfg::kHeadsQ; }
   // The cached length of a sequence as the kernels use it (dense: clamped, paging.cuh).
@@ -107,8 +108,9 @@ struct CtaWork {
   }
 };
 
-// The tiles of all sequences and of the sequences before `seq`, summed by one warp, 32
-// sequences at a time: where sequence `seq` starts on the line of schedule.cuh.
+// The tiles of all sequences and of the sequences before `seq`, summed by one warp: each lane
+// sums a strided share (its loads independent of each other, so they are in flight together),
+// then the warp's sums. Where sequence `seq` starts on the line of schedule.cuh.
 struct TilePrefix {
   long long total, before;
 };
@@ -117,30 +119,47 @@ __device__ __forceinline__ TilePrefix tiles_before(const AttnccArgs& a, int seq,
   using W = CtaWork<Cfg>;
   const int num_seqs = W::num_seqs(a);
   long long all = 0, before = 0;
-  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
-    const int s = s0 + lane;
-    int n = s < num_seqs ? W::seq_tiles(a, s) : 0, b = s < seq ? n : 0;
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      n += __shfl_xor_sync(0xffffffffu, n, d);
-      b += __shfl_xor_sync(0xffffffffu, b, d);
-    }
+  for (int s = lane; s < num_seqs; s += 32) {
+    const int n = W::seq_tiles(a, s);
     all += n;
-    before += b;
+    before += s < seq ? n : 0;
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    all += __shfl_xor_sync(0xffffffffu, all, d);
+    before += __shfl_xor_sync(0xffffffffu, before, d);
   }
   return {all, before};
 }
 
-// The start of part `part`'s walk, by warp 0 of the CTA: the total tile count and the first
-// sequence with a piece in the part (schedule.cuh's first_seq_sequential, 32 sequences at a
-// time with warp scans).
+// How a part-mode launch cuts the line of all tiles (schedule.cuh), by warp 0 of a CTA: the
+// line's length (total: tiles_before's), whether the parts hold whole sequences, part `part`'s
+// bounds [begin, end) and the first sequence of its walk. One scan over the sequences, 32 at a time:
+// the starts of the sequences holding a cut (the gaps between them are the whole-sequence parts'
+// lengths; only where the sequences are enough for whole parts, schedule.cuh), the ones
+// holding part_begin(part) and part_begin(part + 1) (begin'), and both modes' first sequences
+// (cut: the first with base >= begin or base + n > begin, schedule.cuh first_seq_sequential;
+// whole: the first with base >= begin', the sequences of no tiles just before the one holding
+// the cut included).
+struct PartLine {
+  long long total, begin, end;
+  bool whole;
+  int first_seq;
+  long long first_base;
+};
 template <class Cfg>
-__device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane) {
+__device__ PartLine part_line(const AttnccArgs& a, long long total, int part, int lane) {
   using W = CtaWork<Cfg>;
-  const int num_seqs = W::num_seqs(a);
-  const long long total = tiles_before<Cfg>(a, 0, lane).total;
-  const long long begin = part_begin(part, total, a.num_parts);
-  long long base = 0;
+  const int num_seqs = W::num_seqs(a), parts = a.num_parts;
+  const long long cut0 = part_begin(part, total, parts), cut1 = part_begin(part + 1, total, parts);
+  const bool may_be_whole = whole_parts_possible(num_seqs, parts) && total > 0;
+  const LineCuts cuts = LineCuts::of(may_be_whole ? total : 1, parts);
+  const unsigned lanes_below = (1u << lane) - 1u;
+  long long base = 0, last = 0, longest = 0;  // last: the start of the last sequence holding a cut
+  long long begin = total, end = total;       // begin'(part), begin'(part + 1)
+  int run = 0;                                // the first sequence after the last one of some tiles
+  int cut_seq = num_seqs, whole_seq = -1;
+  long long cut_base = total;
   for (int s0 = 0; s0 < num_seqs; s0 += 32) {
     const int n = s0 + lane < num_seqs ? W::seq_tiles(a, s0 + lane) : 0;
     int incl = n;  // inclusive prefix within these 32 sequences
@@ -149,16 +168,58 @@ __device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane) {
       const int x = __shfl_up_sync(0xffffffffu, incl, d);
       if (lane >= d) incl += x;
     }
-    const int excl = incl - n;
-    const bool hit = s0 + lane < num_seqs && (base + excl >= begin || base + incl > begin);
-    const unsigned found = __ballot_sync(0xffffffffu, hit);
-    if (found) {
-      const int l = __ffs(found) - 1;
-      return PartWalk::start(part, a.num_parts, num_seqs, total, s0 + l, base + __shfl_sync(0xffffffffu, excl, l));
+    const long long b = base + incl - n, e = base + incl;
+    if (may_be_whole) {
+      const unsigned holds = __ballot_sync(0xffffffffu, n > 0 && cuts.held_by(b, e));
+      // the gap from the previous sequence holding a cut (in these 32 or before them)
+      const unsigned below = holds & lanes_below;
+      const long long prev = __shfl_sync(0xffffffffu, b, below ? 31 - __clz(below) : lane);
+      long long gap = (holds >> lane & 1u) ? b - (below ? prev : last) : 0;
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) {
+        const long long other = __shfl_xor_sync(0xffffffffu, gap, d);
+        gap = other > gap ? other : gap;
+      }
+      longest = gap > longest ? gap : longest;
+      if (holds) last = __shfl_sync(0xffffffffu, b, 31 - __clz(holds));
+      // the sequences holding this part's two cuts, and the first of the run of no-tile ones before the first
+      const unsigned some = __ballot_sync(0xffffffffu, n > 0), some_below = some & lanes_below;
+      const int run_here = some_below ? s0 + 32 - __clz(some_below) : run;
+      const unsigned at0 = __ballot_sync(0xffffffffu, b <= cut0 && cut0 < e);
+      const unsigned at1 = __ballot_sync(0xffffffffu, b <= cut1 && cut1 < e);
+      if (at0) {
+        begin = __shfl_sync(0xffffffffu, b, __ffs(at0) - 1);
+        whole_seq = __shfl_sync(0xffffffffu, run_here, __ffs(at0) - 1);
+      }
+      if (at1) end = __shfl_sync(0xffffffffu, b, __ffs(at1) - 1);
+      if (some) run = s0 + 32 - __clz(some);
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, s0 + lane < num_seqs && (b >= cut0 || e > cut0));
+    if (hit && cut_seq == num_seqs) {
+      cut_seq = s0 + __ffs(hit) - 1;
+      cut_base = __shfl_sync(0xffffffffu, b, __ffs(hit) - 1);
     }
     base += __shfl_sync(0xffffffffu, incl, 31);
   }
-  return PartWalk::start(part, a.num_parts, num_seqs, total, num_seqs, total);
+  longest = total - last > longest ? total - last : longest;
+  PartLine line;
+  line.total = total;
+  line.whole = may_be_whole && whole_parts_fit(longest, total, parts);
+  line.begin = line.whole ? begin : cut0;
+  line.end = line.whole ? end : cut1;
+  line.first_seq = line.whole ? whole_seq : cut_seq;  // whole: total > 0, so a sequence holds the cut
+  line.first_base = line.whole ? begin : cut_base;
+  return line;
+}
+
+// The start of part `part`'s walk, by warp 0 of the CTA; whole: whether the parts hold whole
+// sequences (for the combine: core/ready.cuh publish_whole_parts).
+template <class Cfg>
+__device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane, bool& whole) {
+  const PartLine line = part_line<Cfg>(a, tiles_before<Cfg>(a, 0, lane).total, part, lane);
+  whole = line.whole;
+  return PartWalk::start(part, a.num_parts, CtaWork<Cfg>::num_seqs(a), line.total, line.begin, line.end, line.first_seq,
+                         line.first_base);
 }
 
 

@@ -320,8 +320,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
   ATTNCC_TRACE_SPAN(0);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
   if (threadIdx.x < 32) {
-    const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x);
-    if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw);
+    bool whole;
+    const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x, whole);
+    if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw), stash_ints(smem + Cfg::kWholeOff, whole ? 1 : 0);
   }
   cta_sync<Cfg>();
   Progress<Cfg::kStages> pr;
@@ -347,6 +348,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
           fence_partials<Cfg>(args);
         },
         [&](int slot) { mark_ready<Cfg>(args, slot); });
+    // whether the parts hold whole sequences, for the combine (core/ready.cuh), before any thread
+    // lets it launch (here, not in the prologue or at the consumers' start: GLA-2's and gla_g96's
+    // part kernels spilled 36-64 bytes there)
+    if (threadIdx.x == 0) publish_whole_parts<Cfg>(args, unstash_int(smem + Cfg::kWholeOff, 0) != 0);
+    bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);
     close_parts<Cfg>(args);
     });
   }

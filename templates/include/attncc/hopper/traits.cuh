@@ -178,7 +178,7 @@ struct HopperTraits {
                     Cfg::kFlagsOff >= kBarOff + 8 * kNumBarriers && Cfg::kFlagsOff % 16 == 0 && Cfg::kFlagsPitch >= kN + 16 && Cfg::kFlagsPitch % 16 == 0 &&
                     Cfg::kRowsOff >= Cfg::kFlagsOff + kStages * Cfg::kFlagsPitch && Cfg::kRowsOff % 16 == 0 &&
                     Cfg::kWorkOff >= Cfg::kRowsOff + 5 * kGroupRows * 4 && Cfg::kWalkCOff >= Cfg::kWorkOff + 9 * 4 &&
-                    Cfg::kWalkPOff >= Cfg::kWalkCOff + 12 * 4 && Cfg::kScalesOff >= Cfg::kWalkPOff + 12 * 4 && Cfg::kScalesOff % 16 == 0 &&
+                    Cfg::kWholeOff >= Cfg::kWalkCOff + 12 * 4 && Cfg::kWalkPOff >= Cfg::kWholeOff + 4 && Cfg::kScalesOff >= Cfg::kWalkPOff + 12 * 4 && Cfg::kScalesOff % 16 == 0 &&
                     Cfg::kSmemBytes >= Cfg::kScalesOff + kStages * kN * Cfg::kScaleRecordBytes,
                 "shared-memory plan: disjoint regions in order");
   static_assert(!Cfg::kProducerFences || !Cfg::kCrossover, "crossover: the producer fences what it shares, the consumers nothing");

@@ -369,9 +369,11 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
   unsigned char* const walk = smem + T::kWorkOff + T::kWalkOffset;
   static_assert(9 * 4 <= T::kWalkOffset && 12 * 4 <= T::kWorkBytes - T::kWalkOffset, "work stash: 9 and 12 words");
   if (threadIdx.x < 32) {
-    const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x);
+    bool whole;
+    const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x, whole);
     if (threadIdx.x == 0) {
       stash(walk, pw);
+      stash_ints(smem + T::kWorkOff + T::kWholeOffset, whole ? 1 : 0);
       open_ready<Cfg>(args);  // core/ready.cuh
     }
   }
@@ -392,6 +394,10 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
     }
     __syncthreads();
   }
+  // whether the parts hold whole sequences, for the combine (core/ready.cuh), before any thread
+  // lets it launch (here, not in the prologue: gla_g96's parts kernel spilled 8 bytes there)
+  if (threadIdx.x == 0) publish_whole_parts<Cfg>(args, unstash_int(smem + T::kWorkOff + T::kWholeOffset, 0) != 0);
+  __syncthreads();
   close_parts<Cfg>(args);
 }
 

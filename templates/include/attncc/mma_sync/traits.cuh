@@ -88,6 +88,7 @@ struct DecodeTraits {
   static constexpr int kRedOff = Cfg::kRedOff;
   static constexpr int kWorkOff = Cfg::kWorkOff;  // CtaWork, then PartWalk
   static constexpr int kWalkOffset = Cfg::kWalkOff;
+  static constexpr int kWholeOffset = Cfg::kWholeOff;  // ... then whether the parts hold whole sequences
   static constexpr int kWorkBytes = Cfg::kWorkBytes;
   static constexpr int kSmemBytes = Cfg::kSmemBytes;
 
@@ -139,7 +140,8 @@ struct DecodeTraits {
   };
   static_assert(smem_plan_ok(kRegions, kSmemBytes), "shared-memory plan: aligned, disjoint regions inside the total");
   static_assert(kSmemBytes <= kSmemLimitBytes, "shared memory exceeds 227 KB: smaller tile_n, tile_m or stages");
-  static_assert(9 * 4 <= kWalkOffset && 12 * 4 <= kWorkBytes - kWalkOffset, "work stash: 9 and 12 words");
+  static_assert(9 * 4 <= kWalkOffset && kWalkOffset + 12 * 4 <= kWholeOffset && kWholeOffset + 4 <= kWorkBytes,
+                "work stash: 9 and 12 words, then one");
   // Named barriers: 0 (__syncthreads), 1 .. WM (row groups), then one per qk_split pair, then
   // ping_pong's FULL and EMPTY pairs.
   static_assert(Cfg::kRowGroupBarrier0 == 1 && kPairBarrier0 >= 1 + kWarpsM &&
