@@ -85,10 +85,19 @@ class Plan:
         per_sm = self.ctas_per_sm
         splits, parts = split.launch_schedule(self, batch, s_q, kv_tokens, 0, self.num_sms, per_sm)
         lanes = split.lanes(self, s_q)
+        merged = bool(splits > 1 or parts)
         if parts:
             grid = parts * lanes
             how = (f"split_kv {self.split_kv}: balanced, all sequences' KV tiles cut into "
                    f"{parts} equal parts of {lanes} CTAs (row blocks x kv heads)")
+            seqs = batch * s_q if self.sparse else batch
+            bounds, whole = split.whole_parts([-(-kv_tokens // cfg.tile_n)] * seqs, parts)
+            if whole:  # these equal lengths: the kernels move the cuts to the sequences' starts
+                longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+                how += (f"; these equal lengths: each cut moved back to its sequence's start, so the parts "
+                        f"hold whole sequences (the longest {longest} tiles, {longest * parts / bounds[-1]:.3f} of "
+                        "the even length; decided on the device from the lengths) and none is merged")
+                merged = False
         else:
             grid = batch * splits * split.ctas_per_split(self, s_q)
             why = ("fixed" if self.split_kv != "auto" else "batch x lanes already fill the SMs"
@@ -101,7 +110,8 @@ class Plan:
                   f"    grid {grid} CTAs of {cfg.threads} threads, {cfg.smem_bytes} B shared "
                   f"memory; {per_sm} CTA(s) per SM (threads, shared memory, {cfg.registers}-register "
                   "budget)",
-                  f"    combine: {'yes' if splits > 1 or parts else 'no'}; workspace {work} B"]
+                  f"    combine: {'yes' if merged else 'launched, nothing to merge' if parts else 'no'}; "
+                  f"workspace {work} B"]
         return tuple(lines)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+WHOLE_SLACK = 16  # core/schedule.cuh kWholeSlack: whole-sequence parts up to 17/16 of the even length
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (prologue, combine) dominates
 FULL_WAVE = 0.95  # a grid holding this share of the SMs' CTA slots at once is not split
 
@@ -44,6 +45,22 @@ def ctas_per_split(plan, s_q: int) -> int:
 def num_parts(plan, s_q: int, sms: int, ctas_per_sm: int) -> int:
     """Parts of a balanced launch: as many as fill the SMs once, lanes CTAs each."""
     return max(1, sms * max(ctas_per_sm, 1) // lanes(plan, s_q))
+
+
+def whole_parts(tiles, parts: int) -> tuple[list[int], bool]:
+    """Whole-sequence parts as the kernels decide them on the device from the lengths
+    (core/schedule.cuh; tests/test_schedule.py holds the two to each other): each cut p T / P
+    moved back to the start of the sequence it falls in. The parts' bounds (P + 1 tile
+    positions) and whether a launch takes them: some tiles, and the longest part at most
+    1 + 1 / WHOLE_SLACK of T / P."""
+    total = sum(tiles)
+    starts, base = [], 0
+    for n in tiles:
+        starts += [base] * sum(1 for p in range(parts) if base <= p * total // parts < base + n)
+        base += n
+    bounds = (starts or [0] * parts) + [total]  # no tiles: every part empty, the last holds all
+    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+    return bounds, total > 0 and longest * parts * WHOLE_SLACK <= total * (WHOLE_SLACK + 1)
 
 
 def num_splits(plan, batch: int, s_q: int, kv_tokens: int, sms: int) -> int:

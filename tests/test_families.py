@@ -149,6 +149,10 @@ def test_explain_shows_the_family_its_choices_and_the_launch():
     assert f"grid {parts * 4} CTAs of {cfg.threads} threads, {cfg.smem_bytes} B shared memory" in text
     assert "1 CTA(s) per SM" in text
     assert f"workspace {split.workspace_bytes(k.plan, 128, 2, 1, parts)} B" in text
+    # equal lengths even enough: the parts hold whole sequences (core/schedule.cuh), nothing merged
+    assert "the parts hold whole sequences" in text and "combine: launched, nothing to merge" in text
+    ragged = k.explain(batch=100, seqlen=8192, s_q=2)  # 100 on 33 parts: 4 a part where 3.03 are even
+    assert "whole sequences" not in ragged and "combine: yes" in ragged
     small = compile_quiet(REPO / "examples" / "gqa8.attn")
     text = small.explain(batch=2, seqlen=4096)
     splits = split.num_splits(small.plan, 2, 1, 4096, 132)

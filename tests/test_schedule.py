@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import attncc.build
+from attncc import split
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,24 +58,10 @@ def walk(tmp_path_factory):
     return run
 
 
-def _whole_bounds(parts, tiles):
-    """Whole-sequence parts, modelled apart from the header: each cut p T / P moved back to the
-    start of the sequence it falls in; the bounds, and whether the launch takes them (some
-    tiles, the longest part at most 17/16 of T / P)."""
-    total = sum(tiles)
-    starts, base = [], 0
-    for n in tiles:
-        starts += [base] * sum(1 for p in range(parts) if base <= p * total // parts < base + n)
-        base += n
-    bounds = (starts or [0] * parts) + [total]  # no tiles: every part empty, the last holds all
-    longest = max(b - a for a, b in zip(bounds, bounds[1:]))
-    return bounds, total > 0 and longest * parts * 16 <= total * 17
-
-
 def _check(parts, tiles, pieces, combine, whole):
     total = sum(tiles)
     label = f"parts={parts} tiles={tiles}"
-    bounds, expect_whole = _whole_bounds(parts, tiles)
+    bounds, expect_whole = split.whole_parts(tiles, parts)  # the host's statement of the rule
     assert whole == expect_whole, f"{label}: whole-sequence parts {whole}, the model says {expect_whole}"
     if whole:
         _check_whole(parts, tiles, pieces, combine, bounds, label)

@@ -498,7 +498,8 @@ class HopperFamily(Family):
              "softmax under P_i V_i (bitwise the same; same-process A/B, H100, GLA-2 b=128 s_k 8192: s_q 2 0.980 of main's "
              "time and 0.982 in the other order, 0.978 of the same registers without it; b=8 s_k 32768 0.982; s_q 1, "
              "split mode, which keeps the order: 1.003-1.005)" + ("" if one_page_tma else
-             " (measured on one-page TMA tiles; here WIP: not measured)") if overlap else
+             "; with this producer, cp.async with a run's base once, GLA-2 page 1 s_q 2 0.997 of main's time "
+             "(H100, session 41; 224 registers spilled its parts kernels)") if overlap else
              "not chosen: at 224 registers its parts kernels spilled 28 bytes, and this producer (four page numbers "
              "a tile, or fp8 conversion) needs more than 40 (ptxas)"),
             ("scale_record_bytes", records_why),
