@@ -23,7 +23,8 @@
 // the longest part so cut is at most (1 + 1 / kWholeSlack) T / P: equal sequences, b = 128 on 66
 // parts, cut into parts of one and two sequences (2 / 1.94 = 1.03), where cutting them costs more
 // (the partials and their merge: unsplit took 0.92 of the cut parts' time, bench/RESULTS.md,
-// session 40). Decode and combine kernels decide alike, from the lengths (work.cuh part_line).
+// session 40). The decode kernels decide it from the lengths (work.cuh part_line); the combine
+// learns it from the arguments (sparse: equal_whole_parts) or a word they write (core/ready.cuh).
 #pragma once
 
 namespace attncc {

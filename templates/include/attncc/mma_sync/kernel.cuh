@@ -367,7 +367,6 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
   using W = CtaWork<Cfg>;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* const walk = smem + T::kWorkOff + T::kWalkOffset;
-  static_assert(9 * 4 <= T::kWalkOffset && 12 * 4 <= T::kWorkBytes - T::kWalkOffset, "work stash: 9 and 12 words");
   if (threadIdx.x < 32) {
     bool whole;
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x, whole);
