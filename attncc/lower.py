@@ -92,7 +92,7 @@ class Plan:
                    f"{parts} equal parts of {lanes} CTAs (row blocks x kv heads)")
             seqs = batch * s_q if self.sparse else batch
             bounds, whole = split.whole_parts([-(-kv_tokens // cfg.tile_n)] * seqs, parts)
-            if whole:  # these equal lengths: the kernels move the cuts to the sequences' starts
+            if whole and cfg.whole_parts:  # these equal lengths: the kernels move the cuts to the sequences' starts
                 longest = max(b - a for a, b in zip(bounds, bounds[1:]))
                 how += (f"; these equal lengths: each cut moved back to its sequence's start, so the parts "
                         f"hold whole sequences (the longest {longest} tiles, {longest * parts / bounds[-1]:.3f} of "

@@ -158,6 +158,8 @@ CHOICES = [
     # overlap=false on a stacked plan that takes it: a tile's S after the softmax and O += P V of the
     # one before (as before the overlap), at the 232 / 40 registers the overlap's plan has
     ("gla2", "overlap=false"), ("gla2_page5", "overlap=false"),
+    # whole_parts=true where not taken: the seesaw's paged cp.async producer on parts of whole sequences
+    ("mla_page1_h128", "whole_parts=true"),
     # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],

@@ -150,9 +150,9 @@ def test_explain_shows_the_family_its_choices_and_the_launch():
     assert "1 CTA(s) per SM" in text
     assert f"workspace {split.workspace_bytes(k.plan, 128, 2, 1, parts)} B" in text
     # equal lengths even enough: the parts hold whole sequences (core/schedule.cuh), nothing merged
-    assert "the parts hold whole sequences" in text and "combine: launched, nothing to merge" in text
+    assert "each cut moved back to its sequence's start" in text and "combine: launched, nothing to merge" in text
     ragged = k.explain(batch=100, seqlen=8192, s_q=2)  # 100 on 33 parts: 4 a part where 3.03 are even
-    assert "whole sequences" not in ragged and "combine: yes" in ragged
+    assert "each cut moved back" not in ragged and "combine: yes" in ragged
     small = compile_quiet(REPO / "examples" / "gqa8.attn")
     text = small.explain(batch=2, seqlen=4096)
     splits = split.num_splits(small.plan, 2, 1, 4096, 132)
@@ -420,3 +420,22 @@ def test_the_combine_is_a_dependent_launch_where_the_target_has_it(family):
     assert old.plan.config.dependent_launch is False
     assert re.search(r"^\s+dependent_launch\s+False\s+the target has no programmatic", old.explain(), re.M)
     assert "static constexpr bool kDependentLaunch = false;" in render(old.plan)
+
+
+def test_whole_parts_off_on_the_seesaws_paged_cp_async_producer():
+    """The lowering keeps whole-sequence parts off where they measured slower (the seesaw's
+    paged cp.async producer: MLA page 1), on elsewhere (page 64, the stacked GLA-2 at page 5,
+    sparse), says why, and explain's launch follows it."""
+    off = compile_quiet(EXTRA["mla_page1_h128"], family="hopper")
+    assert off.plan.config.seesaw and off.plan.config.tma_rows == 0 and not off.plan.config.whole_parts
+    assert "whole_parts            False       off: the seesaw's paged cp.async producer" in off.explain()
+    text = off.explain(batch=128, seqlen=8192, s_q=2)
+    assert "each cut moved back" not in text and "combine: yes" in text
+    assert "static constexpr bool kWholeParts = false;" in render(off.plan)
+    for on in (compile_quiet(REPO / "examples" / "mla.attn", family="hopper"),
+               compile_quiet(EXTRA["gla2_page5"], family="hopper"),
+               compile_quiet(EXTRA["sparse_fp8_h128"], family="hopper")):
+        assert on.plan.config.whole_parts, on.plan.name
+        assert "static constexpr bool kWholeParts = true;" in render(on.plan)
+    assert "each cut moved back" in compile_quiet(REPO / "examples" / "mla.attn").explain(
+        batch=128, seqlen=8192, s_q=2)

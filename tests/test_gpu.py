@@ -181,7 +181,8 @@ def test_whole_sequence_parts(kernels, name):
     sequences unmerged, one that merged a sequence the decode kernel wrote whole would read NaN.
     Whole: 64 equal sequences (one or two a part) among 7 empty ones at the seams of the kernels'
     32-sequence scans (0, 31, 32, 33, 63, 64, 70: an empty run just before a sequence that holds
-    a cut); sparse: 64 queries. Cut: 24 ragged sequences (sparse: 24 s_q queries)."""
+    a cut); sparse: 64 queries. Cut: 24 ragged sequences (sparse: 24 s_q queries). A plan whose
+    lowering keeps whole parts off (whole_parts) runs them all cut; CHOICES runs one of those on."""
     k = kernels[name]
     P = k.spec.page_size
     empty = {0, 31, 32, 33, 63, 64, 70}

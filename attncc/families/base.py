@@ -43,6 +43,8 @@ class KernelConfig:
                          # are set, not after the decode grid (core/ready.cuh)
     combine_blocks: int  # the combine's blocks per SM, its launch bounds (registers a thread:
                          # 65,536 / (256 x this), rounded down to 8)
+    whole_parts: bool    # part mode: the parts hold whole sequences where the lengths are even
+                         # enough (core/schedule.cuh), or always cut
     why: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def choices(self) -> dict:
@@ -77,6 +79,12 @@ def ready_words(spec, target: Target) -> tuple[bool, tuple[str, str]]:
 
 
 SLAB_COLS = 128  # a combine warp's columns of a row (core/combine.cuh kSlabCols)
+
+
+WHOLE_PARTS_WHY = (
+    "whole_parts", "on: where the lengths are even enough the parts hold whole sequences, nothing to merge "
+    "(same-process A/B, H100, b=128 s_k 8192 against cut parts: MLA s_q 1 0.932, h_q 64 0.937, GLA-2 s_q 2 "
+    "0.952, s_q 1 0.936, sparse fp8 s_q 1 0.957)")
 
 
 def combine_blocks(spec, ready: bool) -> tuple[int, tuple[str, str]]:

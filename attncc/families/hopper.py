@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from ..ir import DTYPES, Spec
 from ..layout import Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, combine_blocks, misaligned, ready_words
+from .base import DEPENDENT_LAUNCH_WHY, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal, combine_blocks, misaligned, ready_words
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by both consumer warp groups
@@ -512,6 +512,14 @@ class HopperFamily(Family):
         )
         ready, ready_why = ready_words(spec, target)
         blocks, blocks_why = combine_blocks(spec, ready)
+        # whole-sequence parts: not on the seesaw's paged cp.async producer, where a part's whole
+        # sequences ran ~5 % slower than the same sequences as CTAs of their own (H100, MLA page 1
+        # b=128 s_q 2: 1.053 of cut parts' time; the pieces' transitions?)
+        whole = not (seesaw and tma_rows == 0 and not spec.sparse)
+        whole_why = WHOLE_PARTS_WHY if whole else (
+            "whole_parts", "off: the seesaw's paged cp.async producer ran a part's whole sequences ~5 % slower than "
+            "the same sequences as CTAs of their own (same-process A/B, H100, MLA page 1 b=128 s_k 8192: this "
+            "plan 0.947 (s_q 2) and 0.983 (s_q 1) of the time with whole parts on)")
         wg0_regs, wg1_regs, producer_regs = (
             RELAY_REGISTERS if relay else
             (CONSUMER_REGISTERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS) if seesaw or layout.fp8 else
@@ -521,7 +529,7 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, combine_blocks=blocks,
-            seesaw=seesaw, crossover=crossover,
+            whole_parts=whole, seesaw=seesaw, crossover=crossover,
             value_first=converts and not relay, slots_ahead=converts, relay=relay,
             skip_unmoved=skips_unmoved(seesaw=seesaw, relay=relay),
             group_fence=group_fence,
@@ -534,4 +542,4 @@ class HopperFamily(Family):
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
             scale_record_bytes=records,
             **r,
-            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why, blocks_why))
+            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why, blocks_why, whole_why))

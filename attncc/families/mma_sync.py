@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..ir import SCALE_BYTES, Spec
 from ..layout import CHUNK_BYTES, Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, Family, KernelConfig, Refusal, combine_blocks, misaligned, ready_words
+from .base import DEPENDENT_LAUNCH_WHY, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal, combine_blocks, misaligned, ready_words
 
 MAX_ACC_REGS = 128    # fp32 output accumulators per thread (255 registers, no spills)
 MAX_SCORE_REGS = 32   # fp32 scores per thread
@@ -430,7 +430,7 @@ class MmaSyncFamily(Family):
             tile_m=tile_m, tile_n=tile_n, stages=stages, threads=threads,
             smem_bytes=s["smem_bytes"], registers=regs, compute_bound=bound,
             dependent_launch=target.dependent_launch, ready_words=ready, combine_blocks=blocks,
-            warps=warps, warp_rows=wr, warps_m=wm, warps_n=wn, m_tiles=mt, tokens_per_warp=tok,
+            whole_parts=True, warps=warps, warp_rows=wr, warps_m=wm, warps_n=wn, m_tiles=mt, tokens_per_warp=tok,
             score_n_tiles=nts, value_cols_per_warp=cols, value_n_tiles=nto, acc_registers=acc,
             raw_staging=raw, qk_split=qk_split, qk_n_tiles=qk_n_tiles, qk_steps=qk_steps,
             qk_chains=qk_chains, pair_slot_bytes=mt * nts * 4 // 2 * 4 * 32,
@@ -447,4 +447,5 @@ class MmaSyncFamily(Family):
             empty_barrier0=empty0, barriers=barriers,
             why=tuple(why) + (("registers", f"launch bounds ({threads} threads, 1 CTA): "
                                f"{regs} per thread"),
-                              DEPENDENT_LAUNCH_WHY[target.dependent_launch], ready_why, blocks_why))
+                              DEPENDENT_LAUNCH_WHY[target.dependent_launch], ready_why, blocks_why,
+                              WHOLE_PARTS_WHY))

@@ -61,6 +61,7 @@ struct Config {
   static constexpr bool kDependentLaunch = true;  // the combine launches while the decode kernel's last CTAs run and waits for their partials (griddepcontrol)
   static constexpr bool kReadyWords = false;  // off: dense (no gain measured at b = 128; MLA b <= 32 slower)
   static constexpr int kCombineBlocks = 3;  // 3 (80 registers a thread): more of the blocks' memory waits overlap (same-process A/B against 2, H100, bitwise equal: MLA b=128 s_q 2 0.989, s_q 1 0.994, h_q 64 0.994, b=1 0.983, b=8 0.999; GLA-2 s_q 2 0.984, s_q 1 0.993, b=8 1.006); 4 (64) spilled 24-100 bytes (ptxas)
+  static constexpr bool kWholeParts = true;  // on: where the lengths are even enough the parts hold whole sequences, nothing to merge (same-process A/B, H100, b=128 s_k 8192 against cut parts: MLA s_q 1 0.932, h_q 64 0.937, GLA-2 s_q 2 0.952, s_q 1 0.936, sparse fp8 s_q 1 0.957)
   static constexpr bool kSeesaw = false;  // not chosen: a 256-wide value fits one warp group's accumulators (128 registers a thread), so each group takes whole rows (stacked); `seesaw` asks for it
   static constexpr bool kCrossover = false;  // no fp8 run to share
   static constexpr bool kValueFirst = false;  // seesaw only

@@ -66,7 +66,7 @@ __device__ __forceinline__ int* whole_word_at(float* partial_lse, int s_q, int p
 template <class Cfg>
 __device__ __forceinline__ void publish_whole_parts(const AttnccArgs& a, bool whole) {
   static_assert(!Cfg::kReadyWords || Cfg::kSparse, "the word is written as the CTA ends: for a combine launched after that");
-  if constexpr (!Cfg::kSparse) {
+  if constexpr (!Cfg::kSparse && Cfg::kWholeParts) {
     if (!whole_parts_possible(a.batch, a.num_parts)) return;
     *whole_word_at<Cfg>(a.partial_lse, a.s_q, a.num_parts) = whole ? 1 : 0;
     __threadfence();
@@ -75,7 +75,9 @@ __device__ __forceinline__ void publish_whole_parts(const AttnccArgs& a, bool wh
 template <class Cfg>
 __device__ __forceinline__ bool whole_parts_for_combine(const AttnccArgs& a) {
   using W = CtaWork<Cfg>;
-  if constexpr (Cfg::kSparse) {
+  if constexpr (!Cfg::kWholeParts) {
+    return false;
+  } else if constexpr (Cfg::kSparse) {
     return equal_whole_parts(W::num_seqs(a), ceil_div(Cfg::kTopK, Cfg::kTileN), a.num_parts);
   } else {
     return whole_parts_possible(W::num_seqs(a), a.num_parts) &&

@@ -152,7 +152,7 @@ __device__ PartLine part_line(const AttnccArgs& a, long long total, int part, in
   using W = CtaWork<Cfg>;
   const int num_seqs = W::num_seqs(a), parts = a.num_parts;
   const long long cut0 = part_begin(part, total, parts), cut1 = part_begin(part + 1, total, parts);
-  const bool may_be_whole = whole_parts_possible(num_seqs, parts) && total > 0;
+  const bool may_be_whole = Cfg::kWholeParts && whole_parts_possible(num_seqs, parts) && total > 0;  // the plan's whole_parts
   const LineCuts cuts = LineCuts::of(may_be_whole ? total : 1, parts);
   const unsigned lanes_below = (1u << lane) - 1u;
   long long base = 0, last = 0, longest = 0;  // last: the start of the last sequence holding a cut
