@@ -152,16 +152,20 @@ def report(flat, span, cta: int, value_first: bool, title: str) -> None:
         cells = [f"{p} {median([gap(wg[i][e], wg[i][f]) for i in steady])}" for e, f, p in phases]
         print(f"  {name}: " + " | ".join(cells) + f" | to the next pair {median([gap(wg[i][7], wg[i + 1][0]) for i in steady])}")
     print(f"  period (WG0's pair to pair) {median([gap(w0[i][0], w0[i + 1][0]) for i in steady])}")
+    # the producer's slots are tiles, two a pair: those of the pairs past SLOTS / 2 are not recorded
+    held = [i for i in steady if 2 * (i + 1) + 1 < SLOTS]
+    if len(held) < len(steady):
+        print(f"  (the producer's lines: the {len(held)} steady pairs whose tiles fit the trace's {SLOTS} slots)")
     for half, name in ((0, "a"), (1, "b")):
-        cells = [f"{p} {median([gap(pr[2 * i + half][e], pr[2 * i + half][f]) for i in steady])}"
+        cells = [f"{p} {median([gap(pr[2 * i + half][e], pr[2 * i + half][f]) for i in held])}"
                  for e, f, p in PRODUCER]
         print(f"  producer, tile {name}: " + " | ".join(cells))
     print("  issue -> landed: next a's late copies -> WG0's S landed "
-          f"{median([gap(pr[2 * (i + 1)][2], w0[i + 1][1]) for i in steady])}; next b's late copies -> WG1's "
-          f"{median([gap(pr[2 * (i + 1) + 1][2], w1[i + 1][1]) for i in steady])}")
+          f"{median([gap(pr[2 * (i + 1)][2], w0[i + 1][1]) for i in held])}; next b's late copies -> WG1's "
+          f"{median([gap(pr[2 * (i + 1) + 1][2], w1[i + 1][1]) for i in held])}")
     print("  release -> producer: WG0's O_L += P_a V_a -> EMPTY early of the next a "
-          f"{median([gap(w0[i][5], pr[2 * (i + 1)][1]) for i in steady])}; WG1's O_R += P_a V_a -> EMPTY late "
-          f"{median([gap(w1[i][6], pr[2 * (i + 1)][2]) for i in steady])}")
+          f"{median([gap(w0[i][5], pr[2 * (i + 1)][1]) for i in held])}; WG1's O_R += P_a V_a -> EMPTY late "
+          f"{median([gap(w1[i][6], pr[2 * (i + 1)][2]) for i in held])}")
     pieces = role_events(flat, 3, first, events=3)
     timeline(span, cta, first, w0, pieces, pairs, [gap(w0[i][0], w0[i + 1][0]) for i in steady])
 

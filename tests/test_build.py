@@ -208,6 +208,33 @@ def test_clock_trace_report_of_a_known_trace(capsys):
     assert len(spans) == 132 and spans[0] == [0, 20_000] and spans[7] == [0, 12_000] and spans[131] == [131, 21_310]
 
 
+
+def test_clock_trace_report_past_the_producers_slots(capsys):
+    """A CTA of more pairs than half the slots (MLA b = 128 s_k 32768 s_q 2: ~1,000 pairs): the
+    producer's tiles past the slots are not recorded, and its lines are of the pairs that were."""
+    clock_trace = load_script(REPO / "bench" / "clock_trace.py", "attncc_bench_clock_trace")
+    R, S, E, C = clock_trace.ROLES, clock_trace.SLOTS, clock_trace.EVENTS, clock_trace.CTAS
+    flat, span = [0] * (R * S * E), [0] * (C * 4)
+    at = lambda role, slot, event: (role * S + slot) * E + event  # noqa: E731
+    pairs = S // 2 + 100
+    for i in range(pairs):
+        for role in (0, 1):
+            for e in range(E):
+                flat[at(role, i, e)] = 10_000 + 1000 * i + 100 * e + role
+        for half in (0, 1):
+            if 2 * i + half < S:
+                for e in range(E):
+                    flat[at(2, 2 * i + half, e)] = 10_000 + 1000 * i + 90 * e + half
+    flat[at(3, 0, 0)], flat[at(3, 0, 1)], flat[at(3, 0, 2)] = 9_700, 9_900, 10_000 + 1000 * pairs
+    for c in range(132):
+        span[4 * c: 4 * c + 4] = [1_000_000 + c, 5, 2_000_000 + c, 5]
+    span[4 * 7: 4 * 7 + 4] = [1_000_000, 9_000, 1_000_000 + 350_000, 9_000 + 700_000]
+    clock_trace.report(flat, span, 7, True, "long")
+    out = capsys.readouterr().out
+    assert f"CTA 7, {pairs} pairs, {pairs - 4} steady" in out and "period (WG0's pair to pair)    1000" in out
+    assert f"the {S // 2 - 3} steady pairs whose tiles fit the trace's {S} slots" in out
+    assert "producer, tile a: " in out and "producer, tile b: " in out
+
 def test_parse_ptxas_report():
     log = textwrap.dedent("""\
         ptxas info    : 0 bytes gmem
