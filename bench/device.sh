@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests det ab sanitize initcheck host bench peers sparse split)
+# One device call, by stage: bash bench/device.sh STAGE...   (stages: launcher tests det ab sanitize initcheck host bench peers table sparse split)
 # Run from the repo root on the GPU machine with `.whl` (lark) carried, `.attncc_cache` if the
 # libraries were prebuilt here (C-ABI libraries do not depend on the Python version), and for
 # `ab` the `.ab` folder that bench/ab_build.py filled (old_*.so and new_*.so).
@@ -96,6 +96,11 @@ for stage in "$@"; do
     case ,$peers, in *,fa3,*) path=$path:/tmp/peers/fa/hopper ;; esac
     PYTHONPATH=$path timeout ${SBS_TIMEOUT:-300} python3 .peers/sidebyside.py --graph \
       --systems attncc,$peers --json "$OUT/sidebyside.json" ${SBS_ARGS:-} 2>&1 | tee "$OUT/sidebyside.log" | tail -40 ;;
+  table)
+    # issue 10's FlashMLA table (PEERS.md's twelve rows: sidebyside's MLA configurations and the
+    # --extra rows of bench/flashmla_table.args) and the page 1 / 16 rows, beside FlashMLA
+    SBS_ARGS="--check-batches 4 $(tr '\n' ' ' < bench/flashmla_table.args)" PEERS=flashmla SBS_TIMEOUT=${SBS_TIMEOUT:-300} \
+      bash "$0" peers ;;
   sparse)
     # FP8 sparse MLA beside FlashMLA (.peers/sparse_fp8.py: b = 128, topk 2048, graph replay), the issue's three rows
     echo "== sparse fp8 beside FlashMLA"

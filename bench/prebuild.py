@@ -38,7 +38,10 @@ def plans(tests: bool, peers: bool, benches: bool) -> dict:
         sys.path.insert(0, str(REPO / ".peers"))
         import sidebyside
 
-        texts.update({c.name: sidebyside.spec_text(c) for c in sidebyside.default_configs()})
+        extra = [line.split(None, 1)[1] for line in (REPO / "bench" / "flashmla_table.args").read_text().splitlines()
+                 if line.startswith("--extra ")]  # device.sh table's rows
+        configs = sidebyside.default_configs() + [sidebyside.parse_extra(e.strip()) for e in extra]
+        texts.update({c.name: sidebyside.spec_text(c) for c in configs})
     for name, text in texts.items():
         for family in testing.families_of(text):
             plan = testing.on_family(text, family).plan
