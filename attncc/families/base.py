@@ -80,6 +80,10 @@ def ready_words(spec, target: Target) -> tuple[bool, tuple[str, str]]:
 
 SLAB_COLS = 128  # a combine warp's columns of a row (core/combine.cuh kSlabCols)
 
+# A part kernel's work stash in shared memory (both families): the CTA's work (9 ints) at 0,
+WALK_OFFSET = 64     # its (the consumers') part walk (12 ints) here,
+WHOLE_OFFSET = 112   # then whether the parts hold whole sequences (one int)
+
 
 WHOLE_PARTS_WHY = (
     "whole_parts", "on: where the lengths are even enough the parts hold whole sequences, nothing to merge "

@@ -58,7 +58,8 @@ from dataclasses import dataclass
 from ..ir import DTYPES, Spec
 from ..layout import Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal, combine_blocks, misaligned, ready_words
+from .base import (DEPENDENT_LAUNCH_WHY, WALK_OFFSET, WHOLE_OFFSET, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal,
+                   combine_blocks, misaligned, ready_words)
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by both consumer warp groups
@@ -82,7 +83,8 @@ STACKED_PRODUCER_REGISTERS = 56   # kernels spill 4-8 bytes; its producer, one s
 STACKED_OVERLAP_REGISTERS = (232, 232, 40)  # stacked with the overlap: 2 x 128 x 232 + 128 x 40 = 64,512 (its
                                             # parts kernels spilled 28 bytes at 224; a producer of one-page TMA
                                             # tiles fits 40)
-WORK_BYTES = 256       # the consumers' CtaWork (9 ints), then each role's part walk (12 ints)
+WORK_BYTES = 256       # the work stash (base.py: CtaWork, the consumers' walk, the whole word), then the
+PRODUCER_WALK_OFFSET = 128  # producer's part walk (12 ints) here
 BARRIER_BYTES = 8      # an mbarrier
 HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups
 SCALE_RECORD_BYTES = 16  # a token's scales of its fp8 run (4 fp32), one copy a tile into the stage's records
@@ -347,7 +349,8 @@ class HopperFamily(Family):
             scales_off = work_off + WORK_BYTES
             return dict(q_off=q_off, kv_off=kv_off, bar_off=bar_off, flags_off=flags_off,
                         flags_pitch=flags_pitch, rows_off=rows_off, work_off=work_off,
-                        walk_c_off=work_off + 64, whole_off=work_off + 112, walk_p_off=work_off + 128, scales_off=scales_off,
+                        walk_c_off=work_off + WALK_OFFSET, whole_off=work_off + WHOLE_OFFSET,
+                        walk_p_off=work_off + PRODUCER_WALK_OFFSET, scales_off=scales_off,
                         smem=scales_off + stages * TILE_N * records)
 
         def fits(stages: int) -> bool:

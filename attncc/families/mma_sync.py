@@ -17,16 +17,15 @@ from dataclasses import dataclass
 from ..ir import SCALE_BYTES, Spec
 from ..layout import CHUNK_BYTES, Layout
 from ..target import Target
-from .base import DEPENDENT_LAUNCH_WHY, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal, combine_blocks, misaligned, ready_words
+from .base import (DEPENDENT_LAUNCH_WHY, WALK_OFFSET, WHOLE_OFFSET, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal,
+                   combine_blocks, misaligned, ready_words)
 
 MAX_ACC_REGS = 128    # fp32 output accumulators per thread (255 registers, no spills)
 MAX_SCORE_REGS = 32   # fp32 scores per thread
 WARPS = (4, 8)        # warps per CTA the kernel is written for
 ROWS = (16, 32, 64)   # tile_m: whole 16-row mma tiles over 4 or 8 warps
 ALIGN_ELEMS = 8       # 16-byte ldmatrix rows / cp.async chunks of 16-bit data
-WORK_BYTES = 128      # shared memory for the CTA's work (9 ints) and its part walk (12 ints)
-WALK_OFFSET = 64      # ... the part walk's place in it
-WHOLE_OFFSET = 112    # ... then whether the parts hold whole sequences (one int)
+WORK_BYTES = 128      # shared memory for the work stash (base.py: the CTA's work, part walk, whole word)
 SLOT_BYTES = 4        # a token's slot (int) in the slot ring
 STREAM_TILE_BYTES = 16 * 1024  # a 16-row tile's KV stage stages at least this much (measured)
 
