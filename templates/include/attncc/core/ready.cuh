@@ -67,7 +67,7 @@ template <class Cfg>
 __device__ __forceinline__ void publish_whole_parts(const AttnccArgs& a, bool whole) {
   static_assert(!Cfg::kReadyWords || Cfg::kSparse, "the word is written as the CTA ends: for a combine launched after that");
   if constexpr (!Cfg::kSparse && Cfg::kWholeParts) {
-    if (!whole_parts_possible(a.batch, a.num_parts)) return;
+    if (!whole_parts_possible(CtaWork<Cfg>::num_seqs(a), a.num_parts)) return;  // as part_line and the reader below ask
     *whole_word_at<Cfg>(a.partial_lse, a.s_q, a.num_parts) = whole ? 1 : 0;
     __threadfence();
   }
