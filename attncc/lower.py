@@ -91,7 +91,8 @@ class Plan:
             how = (f"split_kv {self.split_kv}: balanced, all sequences' KV tiles cut into "
                    f"{parts} equal parts of {lanes} CTAs (row blocks x kv heads)")
             seqs = batch * s_q if self.sparse else batch
-            bounds, whole = split.whole_parts([-(-kv_tokens // cfg.tile_n)] * seqs, parts)
+            bounds, whole = split.whole_parts([-(-kv_tokens // cfg.tile_n)] * seqs, parts,
+                                              split.whole_slack_tiles(self, s_q))
             if whole and cfg.whole_parts:  # these equal lengths: the kernels move the cuts to the sequences' starts
                 longest = max(b - a for a, b in zip(bounds, bounds[1:]))
                 how += (f"; these equal lengths: each cut moved back to its sequence's start, so the parts "

@@ -47,12 +47,21 @@ def num_parts(plan, s_q: int, sms: int, ctas_per_sm: int) -> int:
     return max(1, sms * max(ctas_per_sm, 1) // lanes(plan, s_q))
 
 
-def whole_parts(tiles, parts: int) -> tuple[list[int], bool]:
+def whole_slack_tiles(plan, s_q: int) -> int:
+    """whole_parts' slack in tiles for a launch at s_q (core/work.cuh whole_slack_tiles): the
+    plan's whole_slack_tiles where the rows a sequence (s_q x group; sparse: the group) reach
+    its whole_tight_rows (the launch is compute-bound), else -1."""
+    rows = plan.group * (1 if plan.sparse else s_q)
+    return plan.config.whole_slack_tiles if rows >= plan.config.whole_tight_rows else -1
+
+
+def whole_parts(tiles, parts: int, slack_tiles: int = -1) -> tuple[list[int], bool]:
     """Whole-sequence parts as the kernels decide them on the device from the lengths
     (core/schedule.cuh; tests/test_schedule.py holds the two to each other): each cut p T / P
     moved back to the start of the sequence it falls in. The parts' bounds (P + 1 tile
     positions) and whether a launch takes them: some tiles, and the longest part at most
-    1 + 1 / WHOLE_SLACK of T / P."""
+    1 + 1 / WHOLE_SLACK of T / P and, with slack_tiles >= 0 (whole_slack_tiles), at most that
+    many tiles over it."""
     total = sum(tiles)
     starts, base = [], 0
     for n in tiles:
@@ -60,7 +69,8 @@ def whole_parts(tiles, parts: int) -> tuple[list[int], bool]:
         base += n
     bounds = (starts or [0] * parts) + [total]  # no tiles: every part empty, the last holds all
     longest = max(b - a for a, b in zip(bounds, bounds[1:]))
-    return bounds, total > 0 and longest * parts * WHOLE_SLACK <= total * (WHOLE_SLACK + 1)
+    return bounds, (total > 0 and longest * parts * WHOLE_SLACK <= total * (WHOLE_SLACK + 1)
+                    and (slack_tiles < 0 or longest * parts <= total + slack_tiles * parts))
 
 
 def num_splits(plan, batch: int, s_q: int, kv_tokens: int, sms: int) -> int:

@@ -439,3 +439,20 @@ def test_whole_parts_off_on_the_seesaws_paged_cp_async_producer():
         assert "static constexpr bool kWholeParts = true;" in render(on.plan)
     assert "each cut moved back" in compile_quiet(REPO / "examples" / "mla.attn").explain(
         batch=128, seqlen=8192, s_q=2)
+
+
+def test_whole_parts_bounded_in_tiles_where_the_launch_is_compute_bound():
+    """Past the ridge (whole_tight_rows: MLA h_q 128 from s_q 2) whole parts are also bounded in
+    tiles over the even length, under it only relatively (bench/RESULTS.md session 42): MLA b=128
+    s_k 32768 on whole parts at s_q 1 (31 tiles over), cut at s_q 2 (62 over); s_k 8192 s_q 2 (15.5
+    over) whole. The host's rule says what the kernels decide (tests/test_schedule.py)."""
+    k = compile_quiet(REPO / "examples" / "mla.attn", family="hopper")
+    cfg = k.plan.config
+    assert (cfg.whole_tight_rows, cfg.whole_slack_tiles) == (157, 16)
+    assert split.whole_slack_tiles(k.plan, 1) == -1 and split.whole_slack_tiles(k.plan, 2) == 16
+    assert "static constexpr int kWholeTightRows = 157;" in render(k.plan)
+    assert "each cut moved back" in k.explain(batch=128, seqlen=32768, s_q=1)
+    long_sq2 = k.explain(batch=128, seqlen=32768, s_q=2)
+    assert "each cut moved back" not in long_sq2 and "combine: yes" in long_sq2
+    assert "each cut moved back" in k.explain(batch=128, seqlen=8192, s_q=2)
+    assert re.search(r"^\s+whole_tight_rows\s+157\s+157 rows a sequence", k.explain(), re.M)

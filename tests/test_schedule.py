@@ -36,7 +36,8 @@ def walk(tmp_path_factory):
                    check=True, capture_output=True, text=True)
 
     def run(cases):
-        text = "".join(f"{parts} {' '.join(map(str, tiles))}\n" for parts, tiles in cases)
+        # a case: (parts, tiles) or (parts, tiles, slack): whole_parts_fit's slack in tiles
+        text = "".join(f"{c[0]}{f':{c[2]}' if len(c) > 2 else ''} {' '.join(map(str, c[1]))}\n" for c in cases)
         out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout
         results, pieces, combine, mode = [], [], {}, None
         for line in out.splitlines():
@@ -58,13 +59,13 @@ def walk(tmp_path_factory):
     return run
 
 
-def _check(parts, tiles, pieces, combine, whole):
+def _check(parts, tiles, pieces, combine, whole, slack=-1):
     total = sum(tiles)
-    label = f"parts={parts} tiles={tiles}"
-    bounds, expect_whole = split.whole_parts(tiles, parts)  # the host's statement of the rule
+    label = f"parts={parts} slack={slack} tiles={tiles}"
+    bounds, expect_whole = split.whole_parts(tiles, parts, slack)  # the host's statement of the rule
     assert whole == expect_whole, f"{label}: whole-sequence parts {whole}, the model says {expect_whole}"
     if whole:
-        _check_whole(parts, tiles, pieces, combine, bounds, label)
+        _check_whole(parts, tiles, pieces, combine, bounds, label, slack)
         return
     by_seq = {s: [] for s in range(len(tiles))}
     by_part = {p: [] for p in range(parts)}
@@ -97,9 +98,10 @@ def _check(parts, tiles, pieces, combine, whole):
     assert all(0 <= s < 2 * parts for s in written), label
 
 
-def _check_whole(parts, tiles, pieces, combine, bounds, label):
+def _check_whole(parts, tiles, pieces, combine, bounds, label, slack):
     """Whole-sequence parts: each sequence one piece, written directly, in part order; the
-    parts as the model cuts them, none longer than 17/16 of the even length."""
+    parts as the model cuts them, none longer than 17/16 of the even length nor, with a slack,
+    more than slack tiles over it."""
     assert sorted(seq for _, seq, *_ in pieces) == list(range(len(tiles))), f"{label}: {pieces}"
     assert all(lo == 0 and hi == tiles[seq] and slot == -1 for _, seq, lo, hi, slot in pieces), f"{label}: {pieces}"
     assert [p for p, *_ in pieces] == sorted(p for p, *_ in pieces), f"{label}: parts out of order"
@@ -109,6 +111,7 @@ def _check_whole(parts, tiles, pieces, combine, bounds, label):
         part_tiles[part] += hi - lo
     assert part_tiles == [b - a for a, b in zip(bounds, bounds[1:])], f"{label}: {part_tiles} {bounds}"
     assert max(part_tiles) * parts * 16 <= sum(tiles) * 17, label
+    assert slack < 0 or max(part_tiles) * parts <= sum(tiles) + slack * parts, label
 
 
 def test_fixed_cases(walk):
@@ -137,9 +140,9 @@ def test_random_ragged_batches(walk):
             tiles = [rng.choice([0, 1, rng.randrange(2, 2000)]) for _ in range(size)]
         else:
             tiles = [rng.randrange(0, 300)] * rng.choice([size, parts, parts - 1, 2 * parts - 2])  # uniform
-        cases.append((parts, tiles))
-    for (parts, tiles), (pieces, combine, whole) in zip(cases, walk(cases)):
-        _check(parts, tiles, pieces, combine, whole)
+        cases.append((parts, tiles, rng.choice([-1, -1, 0, 1, 4, 16, 100])))
+    for (parts, tiles, slack), (pieces, combine, whole) in zip(cases, walk(cases)):
+        _check(parts, tiles, pieces, combine, whole, slack)
 
 
 def test_whole_sequence_parts(walk):
@@ -154,6 +157,19 @@ def test_whole_sequence_parts(walk):
     for ((parts, tiles), expect), (pieces, combine, whole) in zip(cases, walk([c for c, _ in cases])):
         assert whole == expect, f"parts={parts} b={len(tiles)}: whole {whole}"
         _check(parts, tiles, pieces, combine, whole)
+
+
+def test_whole_parts_with_a_slack_in_tiles(walk):
+    """A compute-bound launch (work.cuh whole_slack_tiles) also bounds the longest whole part to
+    slack tiles over T / P: MLA b = 128 at s_q 2 (33 parts) takes whole parts at s_k 8192 (128
+    tiles a sequence, 15.5 over) with a slack of 16 and not at 32768 (512, 62 over); at s_q 1 (66
+    parts, no slack) 32768 stays whole (31 over); a slack of 0 takes only exact parts."""
+    cases = [((33, [128] * 128, 16), True), ((33, [512] * 128, 16), False), ((33, [512] * 128, -1), True),
+             ((66, [512] * 128, -1), True), ((66, [512] * 128, 16), False), ((66, [40] * 132, 0), True),
+             ((33, [128] * 128, 0), False), ((33, [32] * 256, 16), True)]
+    for ((parts, tiles, slack), expect), (pieces, combine, whole) in zip(cases, walk([c for c, _ in cases])):
+        assert whole == expect, f"parts={parts} b={len(tiles)} slack={slack}: whole {whole}"
+        _check(parts, tiles, pieces, combine, whole, slack)
 
 
 def test_the_check_catches_a_broken_walk(walk):

@@ -1,5 +1,6 @@
 // Host driver for tests/test_schedule.py: runs attncc/core/schedule.cuh's balanced schedule on
-// cases read from stdin ("P n_0 n_1 ..." per line: parts, then each sequence's tile count) and
+// cases read from stdin ("P[:S] n_0 n_1 ..." per line: parts, whole_parts_fit's slack in tiles
+// (S, default -1: none), then each sequence's tile count) and
 // prints what the decode kernel's walk and the combine's lookup would do:
 //     M whole|cut possible                    whether the parts hold whole sequences, and whether
 //                                             whole_parts_possible lets them (0 / 1)
@@ -19,8 +20,11 @@ int main() {
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
-    int parts = 0;
-    if (!(in >> parts)) continue;
+    std::string head;
+    if (!(in >> head)) continue;
+    const auto colon = head.find(':');
+    const int parts = std::stoi(head.substr(0, colon));
+    const int slack = colon == std::string::npos ? -1 : std::stoi(head.substr(colon + 1));
     std::vector<int> n;
     for (int x; in >> x;) n.push_back(x);
     const int num_seqs = static_cast<int>(n.size());
@@ -29,14 +33,14 @@ int main() {
     for (int x : n) total += x;
 
     // the parts' bounds: part_begin, or whole-sequence parts' begin' where the launch takes them
-    const bool whole = attncc::whole_parts_sequential(tiles, num_seqs, total, parts);
+    const bool whole = attncc::whole_parts_sequential(tiles, num_seqs, total, parts, slack);
     auto begin = [&](int p) {
       return whole ? attncc::whole_begin_sequential(tiles, num_seqs, total, parts, p) : attncc::part_begin(p, total, parts);
     };
     std::cout << "M " << (whole ? "whole" : "cut") << ' ' << attncc::whole_parts_possible(num_seqs, parts) << '\n';
     bool equal = true;
     for (int x : n) equal = equal && x == n[0];
-    if (equal && num_seqs > 0) std::cout << "Q " << (attncc::equal_whole_parts(num_seqs, n[0], parts) ? "whole" : "cut") << '\n';
+    if (equal && num_seqs > 0) std::cout << "Q " << (attncc::equal_whole_parts(num_seqs, n[0], parts, slack) ? "whole" : "cut") << '\n';
     for (int p = 0; p < parts; ++p) {
       long long first_base = 0;
       const int first = attncc::first_seq_sequential(tiles, num_seqs, begin(p), &first_base);

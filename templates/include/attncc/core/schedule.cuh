@@ -23,8 +23,13 @@
 // the longest part so cut is at most (1 + 1 / kWholeSlack) T / P: equal sequences, b = 128 on 66
 // parts, cut into parts of one and two sequences (2 / 1.94 = 1.03), where cutting them costs more
 // (the partials and their merge: unsplit took 0.92 of the cut parts' time, bench/RESULTS.md,
-// session 40). The decode kernels decide it from the lengths (work.cuh part_line); the combine
-// learns it from the arguments (sparse: equal_whole_parts) or a word they write (core/ready.cuh).
+// session 40). Where the launch is compute-bound (its rows a sequence reach the plan's
+// kWholeTightRows, the chip's ridge: work.cuh whole_slack_tiles), the longest part is also at most
+// kWholeSlackTiles over T / P: there each extra tile costs its time, where at or under the ridge
+// the SMs that whole parts leave idle give their share of HBM to the rest (MLA b = 128 s_k 32768:
+// s_q 1, 31 tiles over, whole 0.981 of cut; s_q 2, 62 over, 1.016; bench/RESULTS.md, session 42).
+// The decode kernels decide it from the lengths (work.cuh part_line); the combine learns it from
+// the arguments (sparse: equal_whole_parts) or a word they write (core/ready.cuh).
 #pragma once
 
 namespace attncc {
@@ -35,11 +40,13 @@ __host__ __device__ __forceinline__ long long part_begin(int p, long long total,
 }
 
 // Whole-sequence parts where the longest is at most 1 + 1 / kWholeSlack times the even length
-// (a line of no tiles is cut: either way its sequences are the last part's). Never with fewer
-// than kWholeSlack / (kWholeSlack + 1) P sequences: some part holds T / num_seqs or more.
+// and, with slack_tiles >= 0 (a compute-bound launch), at most slack_tiles tiles over it (a line
+// of no tiles is cut: either way its sequences are the last part's). Never with fewer than
+// kWholeSlack / (kWholeSlack + 1) P sequences: some part holds T / num_seqs or more.
 constexpr int kWholeSlack = 16;
-__host__ __device__ __forceinline__ bool whole_parts_fit(long long longest, long long total, int parts) {
-  return total > 0 && longest * parts * kWholeSlack <= total * (kWholeSlack + 1);
+__host__ __device__ __forceinline__ bool whole_parts_fit(long long longest, long long total, int parts, int slack_tiles) {
+  return total > 0 && longest * parts * kWholeSlack <= total * (kWholeSlack + 1) &&
+         (slack_tiles < 0 || longest * parts <= total + 1LL * slack_tiles * parts);
 }
 __host__ __device__ __forceinline__ bool whole_parts_possible(int num_seqs, int parts) {
   return 1LL * num_seqs * (kWholeSlack + 1) >= 1LL * parts * kWholeSlack;
@@ -78,11 +85,11 @@ struct LineCuts {
 };
 
 // Whether S sequences of n tiles each (sparse queries: top-k's tiles each) take whole-sequence
-// parts: the sequence holding cut p is floor(p S / P), so the parts hold floor((p + 1) S / P) -
+// parts (slack_tiles: whole_parts_fit's): the sequence holding cut p is floor(p S / P), so the parts hold floor((p + 1) S / P) -
 // floor(p S / P) sequences, at most ceil(S / P).
-__host__ __device__ __forceinline__ bool equal_whole_parts(int num_seqs, int n, int parts) {
+__host__ __device__ __forceinline__ bool equal_whole_parts(int num_seqs, int n, int parts, int slack_tiles) {
   const long long most = (num_seqs + parts - 1) / parts;
-  return whole_parts_possible(num_seqs, parts) && whole_parts_fit(most * n, 1LL * num_seqs * n, parts);
+  return whole_parts_possible(num_seqs, parts) && whole_parts_fit(most * n, 1LL * num_seqs * n, parts, slack_tiles);
 }
 
 // The part holding tile x (0 <= x < total): the last p with part_begin(p) <= x, so empty parts
@@ -164,9 +171,9 @@ __host__ __device__ int first_seq_sequential(const Tiles& tiles, int num_seqs, l
 }
 
 // Whole-sequence parts, sequentially (the reference of work.cuh's part_line): whether the launch
-// takes them, and begin'(p) (p = P: T).
+// takes them (slack_tiles: whole_parts_fit's), and begin'(p) (p = P: T).
 template <class Tiles>
-__host__ __device__ bool whole_parts_sequential(const Tiles& tiles, int num_seqs, long long total, int parts) {
+__host__ __device__ bool whole_parts_sequential(const Tiles& tiles, int num_seqs, long long total, int parts, int slack_tiles) {
   if (total == 0) return false;
   const LineCuts cuts = LineCuts::of(total, parts);
   long long base = 0, last = 0, longest = 0;  // last: the start of the last sequence holding a cut
@@ -179,7 +186,7 @@ __host__ __device__ bool whole_parts_sequential(const Tiles& tiles, int num_seqs
     base += n;
   }
   longest = total - last > longest ? total - last : longest;
-  return whole_parts_fit(longest, total, parts);
+  return whole_parts_fit(longest, total, parts, slack_tiles);
 }
 template <class Tiles>
 __host__ __device__ long long whole_begin_sequential(const Tiles& tiles, int num_seqs, long long total, int parts, int p) {

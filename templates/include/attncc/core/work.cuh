@@ -45,6 +45,13 @@ struct CtaWork {
       return kv_length<Cfg>(a, seq, bad);
     }
   }
+  // schedule.cuh whole_parts_fit's slack: the plan's kWholeSlackTiles where the launch is
+  // compute-bound (its rows a sequence, s_q x group or a sparse query's group, reach the plan's
+  // kWholeTightRows), else -1 (only the relative bound)
+  __device__ __forceinline__ static int whole_slack_tiles(const AttnccArgs& a) {
+    const int rows = Cfg::kSparse ? Cfg::kGroup : a.s_q * Cfg::kGroup;
+    return rows >= Cfg::kWholeTightRows ? Cfg::kWholeSlackTiles : -1;
+  }
   __device__ __forceinline__ static int seq_tiles(const AttnccArgs& a, int seq) {
     bool bad;
     return ceil_div(kv_len(a, seq, bad), Cfg::kTileN);
@@ -204,7 +211,7 @@ __device__ PartLine part_line(const AttnccArgs& a, long long total, int part, in
   longest = total - last > longest ? total - last : longest;
   PartLine line;
   line.total = total;
-  line.whole = may_be_whole && whole_parts_fit(longest, total, parts);
+  line.whole = may_be_whole && whole_parts_fit(longest, total, parts, W::whole_slack_tiles(a));
   line.begin = line.whole ? begin : cut0;
   line.end = line.whole ? end : cut1;
   line.first_seq = line.whole ? whole_seq : cut_seq;  // whole: total > 0, so a sequence holds the cut
