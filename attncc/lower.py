@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from . import families, split
 from .abi import MAX_TENSORS
@@ -43,12 +44,16 @@ class Plan:
     num_sms: int        # the split heuristic's default SM count; launches read the real one
     not_applied: tuple[str, ...] = ()  # knobs the family runs without applying them
     refused: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # families tried first
+    # k.plan(seqlens)'s device work where the plan has a built op (ops.schedule_for): (metadata,
+    # seqlens, s_q, num_sms) -> metadata with the parts' lines; not part of the plan's identity
+    scheduler: Callable | None = field(default=None, compare=False, repr=False)
 
     def template_dict(self) -> dict:
         """The plan as the templates read it (also the canonical form for hashing)."""
         data = asdict(self)
         data["config"].pop("why")
         data.pop("refused")
+        data.pop("scheduler")
         return data
 
     def canonical_json(self) -> str:
@@ -58,8 +63,19 @@ class Plan:
                  max_seqlen: int | None = None) -> split.DecodeMetadata:
         """Scheduling metadata for one decode step, shared by all layers of that step
         (`k.plan(seqlens)`; attncc/split.py): from shapes (and max_seqlen when given), never
-        from the lengths' values, so it costs no host sync."""
-        return split.metadata(self, seqlens, s_q, num_sms or self.num_sms, self.ctas_per_sm, max_seqlen)
+        from the lengths' values, so it costs no host sync. Lengths in a CUDA tensor of a plan
+        with a built op: a part-mode step's parts are cut there too (core/plan.cuh), once for
+        every layer's call, with device work only."""
+        meta = split.metadata(self, seqlens, s_q, num_sms or self.num_sms, self.ctas_per_sm, max_seqlen)
+        return meta if self.scheduler is None else self.scheduler(meta, seqlens, s_q, num_sms)
+
+    @property
+    def schedule_key(self) -> int:
+        """A 64-bit digest of the plan (rendered as kScheduleKey): a schedule that k.plan(seqlens)
+        made with one plan's kernels is taken by the same plan's decode kernels only."""
+        import hashlib
+
+        return int(hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16], 16)
 
     @property
     def ctas_per_sm(self) -> int:

@@ -11,7 +11,8 @@ of their shapes on the host."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 WHOLE_SLACK = 16  # core/schedule.cuh kWholeSlack: whole-sequence parts up to 17/16 of the even length
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (prologue, combine) dominates
@@ -22,6 +23,9 @@ FULL_WAVE = 0.95  # a grid holding this share of the SMs' CTA slots at once is n
 class DecodeMetadata:
     num_splits: int        # the launch's num_splits: n >= 1 splits, -p balanced parts, 0 its own choice
     longest: int | None    # the longest length it was planned for, where known on the host
+    # part mode, lengths on the device: the parts' lines made there (abi.h AttnccArgs.schedule; a
+    # uint8 CUDA tensor of -num_splits lines), which the decode CTAs read instead of cutting the line
+    schedule: Any = field(default=None, compare=False, repr=False)
 
 
 def balanced(plan) -> bool:

@@ -219,11 +219,69 @@ __device__ PartLine part_line(const AttnccArgs& a, long long total, int part, in
   return line;
 }
 
+// A decode step's schedule made once (k.plan(seqlens) on the device: core/plan.cuh), read by
+// part-mode CTAs instead of cutting the line each: part p's PartLine, and the key of the tile
+// counts and shape it was made for (abi.h: AttnccArgs.schedule, ATTNCC_SCHEDULE_LINE_BYTES a
+// part). A CTA still sums the tiles, one strided load a lane as tiles_before, to check the key:
+// a schedule of other lengths (they changed after the plan) or shapes is not used, the CTA
+// cuts the line itself and flags ATTNCC_FLAG_SCHEDULE. The line depends on the tile counts only,
+// so lengths that moved within their last tile keep the key.
+struct ScheduleLine {
+  long long total, begin, end, first_base;
+  unsigned long long key;
+  int first_seq, whole;
+};
+static_assert(sizeof(ScheduleLine) == ATTNCC_SCHEDULE_LINE_BYTES, "abi.h's line size");
+
+// splitmix64's finalizer: a key term per (sequence, tiles), so that moved tiles change the sum.
+__host__ __device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+struct TileKey {
+  long long total;
+  unsigned long long key;
+};
+// The line's length and the key of its tile counts, the sequences, the parts and the plan, by one warp.
+template <class Cfg>
+__device__ __forceinline__ TileKey tiles_key(const AttnccArgs& a, int lane) {
+  using W = CtaWork<Cfg>;
+  const int num_seqs = W::num_seqs(a);
+  long long total = 0;
+  unsigned long long key = 0;
+  for (int s = lane; s < num_seqs; s += 32) {
+    const int n = W::seq_tiles(a, s);
+    total += n;
+    key += mix64(static_cast<unsigned long long>(s) << 32 | static_cast<unsigned>(n));
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    total += __shfl_xor_sync(0xffffffffu, total, d);
+    key += __shfl_xor_sync(0xffffffffu, key, d);
+  }
+  key ^= mix64(static_cast<unsigned long long>(num_seqs) << 32 | static_cast<unsigned>(a.num_parts));
+  return {total, key ^ mix64(Cfg::kScheduleKey)};  // and the plan's: another plan's kernels cut otherwise
+}
+
+// Part `part`'s line: from the step's schedule where it holds these tiles, else cut here.
+template <class Cfg>
+__device__ PartLine part_line_of(const AttnccArgs& a, int part, int lane) {
+  if (a.schedule == nullptr) return part_line<Cfg>(a, tiles_before<Cfg>(a, 0, lane).total, part, lane);
+  const ScheduleLine s = static_cast<const ScheduleLine*>(a.schedule)[part];  // issued before the sum
+  const TileKey k = tiles_key<Cfg>(a, lane);
+  if (s.key == k.key && s.total == k.total) return PartLine{s.total, s.begin, s.end, s.whole != 0, s.first_seq, s.first_base};
+  if (lane == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SCHEDULE);
+  return part_line<Cfg>(a, k.total, part, lane);
+}
+
 // The start of part `part`'s walk, by warp 0 of the CTA; whole: whether the parts hold whole
 // sequences (for the combine: core/ready.cuh publish_whole_parts).
 template <class Cfg>
 __device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane, bool& whole) {
-  const PartLine line = part_line<Cfg>(a, tiles_before<Cfg>(a, 0, lane).total, part, lane);
+  const PartLine line = part_line_of<Cfg>(a, part, lane);
   whole = line.whole;
   return PartWalk::start(part, a.num_parts, CtaWork<Cfg>::num_seqs(a), line.total, line.begin, line.end, line.first_seq,
                          line.first_base);
