@@ -108,11 +108,12 @@ class Plan:
                    f"{parts} equal parts of {lanes} CTAs (row blocks x kv heads)")
             seqs = batch * s_q if self.sparse else batch
             bounds, whole = split.whole_parts([-(-kv_tokens // cfg.tile_n)] * seqs, parts,
-                                              split.whole_slack_tiles(self, s_q))
+                                              split.whole_slack_tiles(self, s_q), cfg.piece_cost_tiles)
             if whole and cfg.whole_parts:  # these equal lengths: the kernels move the cuts to the sequences' starts
                 longest = max(b - a for a, b in zip(bounds, bounds[1:]))
                 how += (f"; these equal lengths: each cut moved back to its sequence's start, so the parts "
-                        f"hold whole sequences (the longest {longest} tiles, {longest * parts / bounds[-1]:.3f} of "
+                        f"hold whole sequences (the longest {longest} tiles with its pieces' cost, "
+                        f"{longest * parts / bounds[-1]:.3f} of "
                         "the even length; decided on the device from the lengths) and none is merged")
                 merged = False
         else:

@@ -59,16 +59,23 @@ def whole_slack_tiles(plan, s_q: int) -> int:
     return plan.config.whole_slack_tiles if rows >= plan.config.whole_tight_rows else -1
 
 
-def whole_parts(tiles, parts: int, slack_tiles: int = -1) -> tuple[list[int], bool]:
+def line_lengths(tiles, piece_cost: int = 0) -> list[int]:
+    """Each sequence's length on part mode's line (core/schedule.cuh line_length): its tiles and,
+    where it has some, a piece's cost (the plan's piece_cost_tiles)."""
+    return [n + piece_cost if n > 0 else 0 for n in tiles]
+
+
+def whole_parts(tiles, parts: int, slack_tiles: int = -1, piece_cost: int = 0) -> tuple[list[int], bool]:
     """Whole-sequence parts as the kernels decide them on the device from the lengths
     (core/schedule.cuh; tests/test_schedule.py holds the two to each other): each cut p T / P
-    moved back to the start of the sequence it falls in. The parts' bounds (P + 1 tile
-    positions) and whether a launch takes them: some tiles, and the longest part at most
-    1 + 1 / WHOLE_SLACK of T / P and, with slack_tiles >= 0 (whole_slack_tiles), at most that
-    many tiles over it."""
-    total = sum(tiles)
+    of the line (line_lengths) moved back to the start of the sequence it falls in. The parts'
+    bounds (P + 1 line positions) and whether a launch takes them: some tiles, and the longest
+    part at most 1 + 1 / WHOLE_SLACK of T / P and, with slack_tiles >= 0 (whole_slack_tiles),
+    at most that many over it."""
+    line = line_lengths(tiles, piece_cost)
+    total = sum(line)
     starts, base = [], 0
-    for n in tiles:
+    for n in line:
         starts += [base] * sum(1 for p in range(parts) if base <= p * total // parts < base + n)
         base += n
     bounds = (starts or [0] * parts) + [total]  # no tiles: every part empty, the last holds all

@@ -48,6 +48,8 @@ class KernelConfig:
     whole_tight_rows: int   # rows a sequence (s_q x group; sparse: the group) from which a launch is
                             # compute-bound: its whole parts also within whole_slack_tiles of T / P
     whole_slack_tiles: int  # (core/work.cuh whole_slack_tiles)
+    piece_cost_tiles: int   # part mode: a piece's fixed cost in tiles, charged on the line before
+                            # each sequence's tiles (core/schedule.cuh line_length)
     why: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def choices(self) -> dict:
@@ -115,6 +117,22 @@ def whole_slack(spec, tile_n: int) -> tuple[int, int, tuple[tuple[str, str], ...
                          f"({RIDGE_FLOPS_PER_BYTE}, the H100's): there whole parts also at most {tiles} tiles "
                          f"({WHOLE_SLACK_TOKENS} tokens) over the even length (H100, MLA b=128 s_k 32768 whole "
                          "against cut: s_q 1 0.981, s_q 2 1.016)"))
+
+
+PIECE_COST_TILES = 5  # a piece's fixed cost on a compute-bound plan's line, in 64-token tiles
+
+
+def piece_cost(measured: bool) -> tuple[int, tuple[str, str]]:
+    """A piece's fixed cost in tiles on part mode's line (core/schedule.cuh), and why: Q's load,
+    the pipeline's fill and drain and the epilogue's stores. Measured on the Hopper family
+    (H100, MLA b = 8 s_k 32768: the parts of two pieces ended ~9.6 us after those of one, ~5
+    tiles' time; bench/RESULTS.md session 43); 0 (the line of tiles alone) on a family where
+    it was not (`measured` false)."""
+    if not measured:
+        return 0, ("piece_cost_tiles", "0: not measured on this family (the line is the tiles alone)")
+    return PIECE_COST_TILES, ("piece_cost_tiles", f"{PIECE_COST_TILES}: a part holding a sequence's start holds that "
+                              "many fewer tiles (MLA b=8 s_k 32768, H100: the parts of two pieces ended ~9.6 us, "
+                              "~5 tiles, after those of one)")
 
 
 def combine_blocks(spec, ready: bool) -> tuple[int, tuple[str, str]]:

@@ -59,7 +59,7 @@ from ..ir import DTYPES, Spec
 from ..layout import Layout
 from ..target import Target
 from .base import (DEPENDENT_LAUNCH_WHY, WALK_OFFSET, WHOLE_OFFSET, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal,
-                   combine_blocks, misaligned, ready_words, whole_slack)
+                   combine_blocks, misaligned, piece_cost, ready_words, whole_slack)
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by both consumer warp groups
@@ -524,6 +524,7 @@ class HopperFamily(Family):
             "the same sequences as CTAs of their own (same-process A/B, H100, MLA page 1 b=128 s_k 8192: this "
             "plan 0.947 (s_q 2) and 0.983 (s_q 1) of the time with whole parts on)")
         tight_rows, slack_tiles, slack_why = whole_slack(spec, TILE_N)
+        cost, cost_why = piece_cost(True)
         wg0_regs, wg1_regs, producer_regs = (
             RELAY_REGISTERS if relay else
             (CONSUMER_REGISTERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS) if seesaw or layout.fp8 else
@@ -533,7 +534,7 @@ class HopperFamily(Family):
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, combine_blocks=blocks,
-            whole_parts=whole, whole_tight_rows=tight_rows, whole_slack_tiles=slack_tiles, seesaw=seesaw, crossover=crossover,
+            whole_parts=whole, whole_tight_rows=tight_rows, whole_slack_tiles=slack_tiles, piece_cost_tiles=cost, seesaw=seesaw, crossover=crossover,
             value_first=converts and not relay, slots_ahead=converts, relay=relay,
             skip_unmoved=skips_unmoved(seesaw=seesaw, relay=relay),
             group_fence=group_fence,
@@ -546,4 +547,4 @@ class HopperFamily(Family):
             p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
             scale_record_bytes=records,
             **r,
-            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why, blocks_why, whole_why) + slack_why)
+            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why, blocks_why, whole_why) + slack_why + (cost_why,))

@@ -56,6 +56,10 @@ struct CtaWork {
     bool bad;
     return ceil_div(kv_len(a, seq, bad), Cfg::kTileN);
   }
+  // Its length on part mode's line: its tiles and a piece's cost (schedule.cuh line_length).
+  __device__ __forceinline__ static long long seq_line(const AttnccArgs& a, int seq) {
+    return line_length(seq_tiles(a, seq), Cfg::kPieceCostTiles);
+  }
 
   __device__ __forceinline__ static CtaWork make(const AttnccArgs& a, int lane, int seq) {
     CtaWork w;
@@ -115,9 +119,10 @@ struct CtaWork {
   }
 };
 
-// The tiles of all sequences and of the sequences before `seq`, summed by one warp: each lane
-// sums a strided share (its loads independent of each other, so they are in flight together),
-// then the warp's sums. Where sequence `seq` starts on the line of schedule.cuh.
+// The line lengths (schedule.cuh: tiles and a piece's cost) of all sequences and of the sequences
+// before `seq`, summed by one warp: each lane sums a strided share (its loads independent of each
+// other, so they are in flight together), then the warp's sums. Where sequence `seq` starts on
+// the line of schedule.cuh.
 struct TilePrefix {
   long long total, before;
 };
@@ -127,7 +132,7 @@ __device__ __forceinline__ TilePrefix tiles_before(const AttnccArgs& a, int seq,
   const int num_seqs = W::num_seqs(a);
   long long all = 0, before = 0;
   for (int s = lane; s < num_seqs; s += 32) {
-    const int n = W::seq_tiles(a, s);
+    const long long n = W::seq_line(a, s);
     all += n;
     before += s < seq ? n : 0;
   }
@@ -168,7 +173,7 @@ __device__ PartLine part_line(const AttnccArgs& a, long long total, int part, in
   int cut_seq = num_seqs, whole_seq = -1;
   long long cut_base = total;
   for (int s0 = 0; s0 < num_seqs; s0 += 32) {
-    const int n = s0 + lane < num_seqs ? W::seq_tiles(a, s0 + lane) : 0;
+    const int n = s0 + lane < num_seqs ? static_cast<int>(W::seq_line(a, s0 + lane)) : 0;  // its line length
     int incl = n;  // inclusive prefix within these 32 sequences
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
@@ -254,7 +259,7 @@ __device__ __forceinline__ TileKey tiles_key(const AttnccArgs& a, int lane) {
   unsigned long long key = 0;
   for (int s = lane; s < num_seqs; s += 32) {
     const int n = W::seq_tiles(a, s);
-    total += n;
+    total += line_length(n, Cfg::kPieceCostTiles);
     key += mix64(static_cast<unsigned long long>(s) << 32 | static_cast<unsigned>(n));
   }
 #pragma unroll
@@ -275,6 +280,21 @@ __device__ PartLine part_line_of(const AttnccArgs& a, int part, int lane) {
   if (s.key == k.key && s.total == k.total) return PartLine{s.total, s.begin, s.end, s.whole != 0, s.first_seq, s.first_base};
   if (lane == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SCHEDULE);
   return part_line<Cfg>(a, k.total, part, lane);
+}
+
+// The walk's steps with this plan's sequences: whether the current sequence is a piece of the
+// part, its piece, the next sequence (schedule.cuh PartWalk, with the plan's piece cost).
+template <class Cfg>
+__device__ __forceinline__ bool walk_has_piece(const AttnccArgs& a, const PartWalk& w) {
+  return w.seq < w.num_seqs && w.has_piece(CtaWork<Cfg>::seq_tiles(a, w.seq), Cfg::kPieceCostTiles);
+}
+template <class Cfg>
+__device__ __forceinline__ Piece walk_piece(const AttnccArgs& a, const PartWalk& w) {
+  return w.piece(CtaWork<Cfg>::seq_tiles(a, w.seq), Cfg::kPieceCostTiles);
+}
+template <class Cfg>
+__device__ __forceinline__ void walk_next(const AttnccArgs& a, PartWalk& w) {
+  w.next(CtaWork<Cfg>::seq_tiles(a, w.seq), Cfg::kPieceCostTiles);
 }
 
 // The start of part `part`'s walk, by warp 0 of the CTA; whole: whether the parts hold whole
