@@ -98,7 +98,9 @@ WHOLE_PARTS_WHY = (
 
 RIDGE_FLOPS_PER_BYTE = 295   # where a launch turns compute-bound: the H100's 989 TFLOP/s (dense
                               # bf16) over its 3.35 TB/s (the H200's 4.8 TB/s puts it at 206)
-WHOLE_SLACK_TOKENS = 1024     # a compute-bound launch's whole parts at most this far over T / P
+WHOLE_SLACK_TOKENS = 1280     # a compute-bound launch's whole parts at most this far over T / P (on the
+                              # line: MLA b = 128 s_q 2 whole 0.986 of cut at 15.5 tiles over, plus 4 pieces'
+                              # cost since session 43; cut won from 31 over)
 
 
 def whole_slack(spec, tile_n: int) -> tuple[int, int, tuple[tuple[str, str], ...]]:

@@ -21,7 +21,7 @@ struct Config {
   static constexpr int kTopK = 2048;
   static constexpr int kDK = 576;
   static constexpr int kDV = 512;
-  static constexpr unsigned long long kScheduleKey = 8883581001491938256ULL;  // the plan's digest (lower.py Plan.schedule_key)
+  static constexpr unsigned long long kScheduleKey = 1325243499404230995ULL;  // the plan's digest (lower.py Plan.schedule_key)
 
   // cache layout
   static constexpr int kPageSize = 64;
@@ -64,8 +64,8 @@ struct Config {
   static constexpr bool kReadyWords = true;  // on: sparse queries outnumber the parts; the combine merges each as its pieces land, while the decode grid's last parts run (where sequences >= parts)
   static constexpr int kCombineBlocks = 2;  // 2 (128 registers a thread): with the ready words' wait, 3 (80) spilled 4 bytes (ptxas, sparse_fp8)
   static constexpr bool kWholeParts = true;  // on: where the lengths are even enough the parts hold whole sequences, nothing to merge (same-process A/B, H100, b=128 s_k 8192 against cut parts: MLA s_q 1 0.932, h_q 64 0.937, GLA-2 s_q 2 0.952, s_q 1 0.936, sparse fp8 s_q 1 0.957)
-  static constexpr int kWholeTightRows = 89;  // 89 rows a sequence (0.70 x the group): 295 FLOPs a cache byte, over the ridge (295, the H100's): there whole parts also at most 16 tiles (1024 tokens) over the even length (H100, MLA b=128 s_k 32768 whole against cut: s_q 1 0.981, s_q 2 1.016)
-  static constexpr int kWholeSlackTiles = 16;  // 1024 tokens of 64
+  static constexpr int kWholeTightRows = 89;  // 89 rows a sequence (0.70 x the group): 295 FLOPs a cache byte, over the ridge (295, the H100's): there whole parts also at most 20 tiles (1280 tokens) over the even length (H100, MLA b=128 s_k 32768 whole against cut: s_q 1 0.981, s_q 2 1.016)
+  static constexpr int kWholeSlackTiles = 20;  // 1280 tokens of 64
   static constexpr int kPieceCostTiles = 5;  // 5: a part holding a sequence's start holds that many fewer tiles (MLA b=8 s_k 32768, H100: the parts of two pieces ended ~9.6 us, ~5 tiles, after those of one)
   static constexpr bool kSeesaw = true;  // chosen: a 512-wide value splits into two 256-column halves, one per consumer warp group
   static constexpr bool kCrossover = true;  // `crossover`: clusters of two CTAs (row blocks 2i, 2i + 1 of a kv head, one query token's rows), each producer converting half of every tile's fp8 tokens and storing it into the peer's stage too (DSMEM)
