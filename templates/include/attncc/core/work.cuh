@@ -274,10 +274,11 @@ __device__ __forceinline__ TileKey tiles_key(const AttnccArgs& a, int lane) {
 // Part `part`'s line: from the step's schedule where it holds these tiles, else cut here.
 template <class Cfg>
 __device__ PartLine part_line_of(const AttnccArgs& a, int part, int lane) {
+  ScheduleLine s{};
+  if (a.schedule != nullptr) s = static_cast<const ScheduleLine*>(a.schedule)[part];  // in flight during the sum
   const TileKey k = tiles_key<Cfg>(a, lane);  // the line's length either way (one part_line inlined)
   if (a.schedule != nullptr) {
-    const ScheduleLine& s = static_cast<const ScheduleLine*>(a.schedule)[part];  // read after the sum: nothing
-    if (s.key == k.key && s.total == k.total)                                  // held through it (mma_sync spilled)
+    if (s.key == k.key && s.total == k.total)
       return PartLine{s.total, s.begin, s.end, s.whole != 0, s.first_seq, s.first_base};
     if (lane == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SCHEDULE);
   }
