@@ -44,7 +44,7 @@ class Plan:
     num_sms: int        # the split heuristic's default SM count; launches read the real one
     not_applied: tuple[str, ...] = ()  # knobs the family runs without applying them
     refused: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # families tried first
-    # k.plan(seqlens)'s device work where the plan has a built op (ops.schedule_for): (metadata,
+    # k.plan(seqlens)'s device work where the plan has a built op (ops.plan_schedule): (metadata,
     # seqlens, s_q, num_sms) -> metadata with the parts' lines; not part of the plan's identity
     scheduler: Callable | None = field(default=None, compare=False, repr=False)
 
