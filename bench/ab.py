@@ -16,7 +16,8 @@ cuts its parts in every CTA: one library (A.so = B.so), the same parts. Prints t
 across split choices: the sums are cut elsewhere), and each side's outputs checked against
 attncc.reference on three sequences of the call.
 --heads and --page vary SPEC as bench/ab_build.py does; each library must be a build of that
-variant (its TAG_name.json from ab_build, or, without one, SPEC as written).
+variant (its TAG_name.json from ab_build, or, without one, SPEC as written), and is driven by the
+plan of the kernel family it was built on (ab_build --family: an A/B of two families).
 Each library is driven through the AttnccArgs of its own ABI version (1, from before strides
 and device flags, 3, from before the step's schedule, or today's), so builds from before a version change can be compared."""
 from __future__ import annotations
@@ -139,13 +140,15 @@ def main(argv=None) -> int:
                     "of what the random page order costs), not shuffled")
     args = ap.parse_args(argv)
 
-    def built_as(lib: str):
-        """(h_q, page size) bench/ab_build.py built `lib` with (its TAG_name.json), or None."""
+    def record(lib: str) -> dict:
+        """What bench/ab_build.py built `lib` as (its TAG_name.json), or {}."""
         sidecar = Path(lib).with_suffix(".json")
-        if not sidecar.exists():
-            return None
-        built = json.loads(sidecar.read_text())
-        return built["heads_q"], built["page_size"]
+        return json.loads(sidecar.read_text()) if sidecar.exists() else {}
+
+    def built_as(lib: str):
+        """(h_q, page size) bench/ab_build.py built `lib` with, or None."""
+        built = record(lib)
+        return (built["heads_q"], built["page_size"]) if built else None
 
     def variant(path, libs):
         s = check_spec(Path(path))
@@ -170,7 +173,10 @@ def main(argv=None) -> int:
     cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
     case = bench.inputs(spec, cfg, ordered_pages=args.ordered_pages)
     requested = {"A": args.splits_a, "B": args.splits_b}
-    launches = {name: make_args(Kernel(specs[name]).plan, lib, case, specs[name], requested=requested[name])
+    # each library driven by the plan of the family it was built on (ab_build --family), else the lowering's
+    paths = {"A": args.a, "B": args.b}
+    kernels = {name: Kernel(specs[name], record(paths[name]).get("family")) for name in libs}
+    launches = {name: make_args(kernels[name].plan, lib, case, specs[name], requested=requested[name])
                 for name, lib in libs.items()}
     if args.schedule_b:  # as k.plan(seqlens) with lengths on the device: once, outside the timed calls
         parts = launches["B"][2][1]
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
             raise SystemExit("--schedule-b: B's call is not in part mode, or its library makes no schedule")
         lengths = case.seqlens if case.seqlens is not None else \
             torch.zeros(cfg.batch, dtype=torch.int32, device="cuda")  # sparse: the lines need the batch only
-        made = ops.plan_schedule(Kernel(spec_b).plan, lambda: libs["B"], split.DecodeMetadata(-parts, None),
+        made = ops.plan_schedule(kernels["B"].plan, lambda: libs["B"], split.DecodeMetadata(-parts, None),
                                  lengths, cfg.s_q, None)
         launches["B"][0].schedule = made.schedule.data_ptr()
         launches["B"] = (*launches["B"], made.schedule)  # kept alive

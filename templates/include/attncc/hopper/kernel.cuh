@@ -183,7 +183,7 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   if (ct == 0) stash(smem + Cfg::kWorkOff, w);
   // Q rows -> boxes of the Q tile (zero past the CTA's rows)
   const char* q_any = static_cast<const char*>(a.q);
-  constexpr int kChunks = Cfg::kBoxes * 8;  // 16-byte chunks of a Q row
+  constexpr int kChunks = Cfg::kKeyBoxes * 8;  // 16-byte chunks of a Q row
   for (int i = ct; i < Cfg::kTileM * kChunks; i += 2 * kGroupThreads) {
     const int r = i / kChunks, ch = i % kChunks;
     const int R = w.mb * Cfg::kTileM + r;
