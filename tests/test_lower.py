@@ -125,17 +125,17 @@ def assert_hopper_legal(plan: Plan) -> None:
         assert cfg.stages >= 2 and cfg.stages % 2 == 0  # sets of a pair's two stages
         assert plan.d_v == 64 * cfg.value_boxes == 128 * cfg.out_boxes and cfg.early_boxes == cfg.out_boxes
         assert cfg.value_boxes <= cfg.p_box < cfg.boxes
-        assert (cfg.key_box, cfg.value_box, cfg.key_boxes) == (0, 0, cfg.boxes)  # key = value ++ more
+        assert lay.key_runs == ((0, plan.d_k),) and (cfg.value_box, cfg.key_boxes) == (0, cfg.boxes)  # key = value ++ more
     else:  # stacked: 128 rows, each group 64 of them (or alternate tiles) and the whole output
         assert (cfg.tile_m, cfg.tile_n, cfg.threads) == (128, 64, 384) and plan.d_v <= 256
         assert cfg.stages >= 2 and plan.d_v == 64 * cfg.value_boxes == 64 * cfg.out_boxes
         assert cfg.early_boxes == cfg.boxes
         # the split mode's merge goes through the Q tile's region: O's two halves and (m, l) per thread
         assert 2 * (plan.d_v // 4) * 128 * 4 + 2 * 128 * 16 <= cfg.q_bytes
-    # key and value each one run of whole staged boxes; a Q row is the key's boxes
+    # the key runs of whole staged boxes, the value one; a Q row is the key's boxes
     assert lay.staged_width == 64 * cfg.boxes and plan.d_k == 64 * cfg.key_boxes
-    assert lay.key_runs == ((64 * cfg.key_box, plan.d_k),) and lay.value_runs == ((64 * cfg.value_box, plan.d_v),)
-    assert cfg.key_box + cfg.key_boxes <= cfg.boxes and cfg.value_box + cfg.value_boxes <= cfg.boxes
+    assert all(c % 64 == 0 and w % 64 == 0 and c + w <= 64 * cfg.boxes for c, w in lay.key_runs)
+    assert lay.value_runs == ((64 * cfg.value_box, plan.d_v),) and cfg.value_box + cfg.value_boxes <= cfg.boxes
     assert plan.group >= 64
     for s in lay.sources:
         assert s.smem_col % 64 == 0 and s.width % 64 == 0
@@ -839,7 +839,8 @@ def test_the_stacked_schedule_takes_a_key_and_value_of_their_own(d_k, d_v, order
     k = attncc.compile(separate_kv("s", heads=128, d_k=d_k, d_v=d_v, order=order))
     cfg = k.plan.config
     assert k.plan.family == "hopper" and not cfg.seesaw
-    assert (cfg.key_box, cfg.key_boxes, cfg.value_box, cfg.value_boxes) == (key_box, d_k // 64, value_box, d_v // 64)
+    assert k.plan.layout.key_runs == ((64 * key_box, d_k),)
+    assert (cfg.key_boxes, cfg.value_box, cfg.value_boxes) == (d_k // 64, value_box, d_v // 64)
     assert cfg.boxes == (d_k + d_v) // 64 and cfg.kv_tile_bytes == cfg.boxes * 8192
     assert_hopper_legal(k.plan)
 
@@ -869,11 +870,26 @@ def test_the_seesaw_knob_on_a_key_and_value_of_their_own_is_not_applied_and_says
     assert "the seesaw needs the value to be the first staged columns" in why and "takes separate ones" in why
 
 
-def test_hopper_refuses_a_key_of_two_runs_and_says_which():
-    k = compile_quiet(separate_kv("s", heads=128).replace("key = k", "key = v[0:64] ++ k[0:64]"))
+def test_the_stacked_schedule_takes_a_key_of_several_runs_gta_shaped():
+    """GTA: key = tied[0:64] ++ rope, value = tied: the key's boxes 0 and 2 of the staged row
+    (tied, rope), read in that order against the Q tile's columns 0 and 64."""
+    text = """attention g {
+    heads q = 128, kv = 2
+    cache paged(16) { tied: bf16[128]  rope: bf16[64] shared }
+    key = tied[0:64] ++ rope
+    value = tied
+}"""
+    k = attncc.compile(text)
+    cfg = k.plan.config
+    assert k.plan.family == "hopper" and not cfg.seesaw and k.plan.layout.key_runs == ((0, 64), (128, 64))
+    assert (cfg.boxes, cfg.key_boxes, cfg.value_box, cfg.value_boxes) == (3, 2, 0, 2)
+    assert_hopper_legal(k.plan)
+
+
+def test_hopper_refuses_a_key_off_whole_boxes_and_says_where():
+    k = compile_quiet(separate_kv("s", heads=128).replace("key = k", "key = k ++ v[0:32]"))
     assert k.plan.family == "mma_sync"
-    assert "needs the key and the value each one run of staged columns" in dict(k.plan.refused)["hopper"]
-    assert "this key is 2 runs" in dict(k.plan.refused)["hopper"]
+    assert "needs a key of whole 64-column boxes; it has a run of 160 from staged column 0" in dict(k.plan.refused)["hopper"]
 
 
 def test_the_stacked_schedule_refuses_a_value_of_no_wgmma_n():

@@ -136,8 +136,7 @@ class HopperConfig(KernelConfig):
                               # by lane 0 of warp b % 4), not all by thread 0
     overlap: bool             # stacked, rows mode: a group issues tile i + 1's S = Q K^T before tile i's softmax
     boxes: int                # 64-column boxes of a staged token row
-    key_box: int              # ... the key's first (the seesaw: 0), and
-    key_boxes: int            # ... how many (= the boxes of a Q row)
+    key_boxes: int            # ... the key's, of its runs in order (= the boxes of a Q row; the seesaw: all)
     value_box: int            # ... the value's first (the seesaw: 0), and
     value_boxes: int          # ... how many
     out_boxes: int            # ... of a consumer warp group's output (seesaw: half the value; stacked: all)
@@ -173,8 +172,8 @@ class HopperFamily(Family):
     targets = ("sm90a",)
     honours = frozenset({"tile", "stages", "seesaw", "crossover"})
     tolerates = frozenset()
-    limits = ("value 64, 128 or 256 wide (stacked) or 128, 256 or 512 (the seesaw's two halves); key and value "
-              "each one run of 64-column boxes (the seesaw: key = value ++ more)", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16, from one packed record tensor",
+    limits = ("value 64, 128 or 256 wide (stacked) or 128, 256 or 512 (the seesaw's two halves), one run of "
+              "64-column boxes; key runs of whole boxes (the seesaw: key = value ++ more)", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16, from one packed record tensor",
               f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",
               f"tile q = {TILE_M} (seesaw) or {STACKED_TILE_M} (stacked), kv = {TILE_N}; the seesaw's stages a "
               f"multiple of {PAIR_STAGES} (pairs of tiles)")
@@ -191,19 +190,16 @@ class HopperFamily(Family):
             raise Refusal(f"the stacked schedule holds a value of {', '.join(map(str, HALF_COLS))} columns "
                           f"(a wgmma N of whole boxes) in one warp group; this value is {spec.d_v} wide",
                           spec.span_of("value"))
-        if len(layout.key_runs) != 1 or len(layout.value_runs) != 1:
-            raise Refusal("needs the key and the value each one run of staged columns (one operand of "
-                          "whole boxes each); this key is "
-                          f"{len(layout.key_runs)} run{'s' if len(layout.key_runs) > 1 else ''} and the value "
-                          f"{len(layout.value_runs)}", spec.span_of("key" if len(layout.key_runs) > 1 else "value"))
+        if len(layout.value_runs) != 1:
+            raise Refusal(f"needs the value to be one run of staged columns (the B operand of O += P V); this one is "
+                          f"{len(layout.value_runs)} runs", spec.span_of("value"))
+        if off := [f"{w} from staged column {c}" for c, w in layout.key_runs if c % BOX_COLS or w % BOX_COLS]:
+            raise Refusal(f"needs a key of whole {BOX_COLS}-column boxes; it has a run of {off[0]}", spec.span_of("key"))
         (key_col, _), (value_col, _) = layout.key_runs[0], layout.value_runs[0]
-        if spec.d_k % BOX_COLS or key_col % BOX_COLS:
-            raise Refusal(f"needs a key of whole {BOX_COLS}-column boxes; it is {spec.d_k} wide from staged "
-                          f"column {key_col}", spec.span_of("key"))
         if value_col % BOX_COLS:
             raise Refusal(f"needs a value of whole {BOX_COLS}-column boxes; it starts at staged column {value_col}",
                           spec.span_of("value"))
-        if self._seesaw(spec) and (key_col, value_col) != (0, 0):
+        if self._seesaw(spec) and (len(layout.key_runs), key_col, value_col) != (1, 0, 0):
             raise Refusal("the seesaw needs the value to be the first staged columns and the key all of "
                           "them (key = value ++ more: P goes in a key-only box); the stacked schedule "
                           f"(a value of at most {STACKED_MAX_COLS} columns) takes separate ones", spec.span_of("key"))
@@ -350,7 +346,7 @@ class HopperFamily(Family):
         seesaw, tile_m = self._seesaw(spec), self._tile_m(spec)
         crossover = sched.crossover
         boxes = layout.staged_width // BOX_COLS
-        key_box, value_box = layout.key_runs[0][0] // BOX_COLS, layout.value_runs[0][0] // BOX_COLS
+        value_box = layout.value_runs[0][0] // BOX_COLS
         key_boxes = spec.d_k // BOX_COLS
         box_bytes = TILE_N * BOX_COLS * 2
         q_box_bytes = tile_m * BOX_COLS * 2
@@ -574,7 +570,7 @@ class HopperFamily(Family):
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
             spread_copies=one_page_tma and not seesaw, overlap=overlap,
-            boxes=boxes, key_box=key_box, key_boxes=key_boxes, value_box=value_box, value_boxes=spec.d_v // BOX_COLS,
+            boxes=boxes, key_boxes=key_boxes, value_box=value_box, value_boxes=spec.d_v // BOX_COLS,
             out_boxes=out_cols // BOX_COLS, early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS if seesaw else -1, box_bytes=box_bytes, q_box_bytes=q_box_bytes, q_bytes=q_bytes,
             kv_tile_bytes=kv_tile,

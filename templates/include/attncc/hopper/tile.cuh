@@ -89,12 +89,12 @@ __device__ __forceinline__ void scores_issue(float (&s)[32], uint32_t q, uint32_
       if constexpr (fences_some<Cfg>(box, kEnd)) fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
     }
     if constexpr (!consumer_fences<Cfg>(box)) mbarrier_wait(T::full(sbase, stage, box), parity);
-    if constexpr (T::is_key_box(box)) {
-      constexpr int kQCol = (box - T::kKeyBox) * kBoxCols;  // the key's box in the Q tile
+    if constexpr (T::q_col_of_box(box) >= 0) {  // the key's: with its columns of the Q tile
 #pragma unroll
       for (int kk = 0; kk < kBoxCols / 16; ++kk) {
-        const uint64_t qd = desc_k_major(q, T::kQBoxBytes, kQCol + 16 * kk), kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);
-        if (box == T::kKeyBox && kk == 0) {
+        const uint64_t qd = desc_k_major(q, T::kQBoxBytes, T::q_col_of_box(box) + 16 * kk),
+                       kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);
+        if (box == T::first_key_box() && kk == 0) {
           mma_ss_first(s, qd, kd);
         } else {
           mma_ss<Cfg::kTileN, false>(s, qd, kd, 1);
