@@ -533,6 +533,12 @@ class HopperFamily(Family):
              "not chosen: at 224 registers its parts kernels spilled 28 bytes, and this producer (four page numbers "
              "a tile, or fp8 conversion) needs more than 40 (ptxas)"),
             ("scale_record_bytes", records_why),
+            ("key_boxes", "the key is the staged row's boxes " + " ++ ".join(
+                f"{c // BOX_COLS}" + (f"-{(c + w) // BOX_COLS - 1}" if w > BOX_COLS else "") for c, w in layout.key_runs)
+             + ", read by S = Q K^T in the stage's order against the Q row's columns in the key's"),
+            ("value_box", f"the value is the staged row's boxes {value_box}-{value_box + spec.d_v // BOX_COLS - 1} "
+             "(O += P V's operand)" + ("" if seesaw else "; the stage's boxes are all waited for before S is "
+                                       "done, so a value apart from the key has landed when O += P V reads it")),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),
             ("compute_bound", f"a {tile_m}-row tile reads each token once for {tile_m} rows"),

@@ -82,8 +82,8 @@ struct Config {
   static constexpr bool kSpreadCopies = true;  // chosen (stacked): box b's copy issued by warp b % 4, not all by thread 0 (same-process A/B, H100, b=128 s_k 8192: GLA-2 s_q 2 0.985 and 0.985 in the other order, s_q 1 1.001; b=8 s_k 32768 s_q 2 0.997)
   static constexpr bool kOverlap = true;  // chosen (rows mode; FA3's order): tile i + 1's S and O += P_i V_i issued together, tile i + 1's softmax under P_i V_i (bitwise the same; same-process A/B, H100, GLA-2 b=128 s_k 8192: s_q 2 0.980 of main's time and 0.982 in the other order, 0.978 of the same registers without it; b=8 s_k 32768 0.982; s_q 1, split mode, which keeps the order: 1.003-1.005)
   static constexpr int kBoxes = 5;
-  static constexpr int kKeyBoxes = 5;
-  static constexpr int kValueBox = 0;
+  static constexpr int kKeyBoxes = 5;  // the key is the staged row's boxes 0-4, read by S = Q K^T in the stage's order against the Q row's columns in the key's
+  static constexpr int kValueBox = 0;  // the value is the staged row's boxes 0-3 (O += P V's operand); the stage's boxes are all waited for before S is done, so a value apart from the key has landed when O += P V reads it
   static constexpr int kValueBoxes = 4;
   static constexpr int kOutBoxes = 4;
   static constexpr int kEarlyBoxes = 5;  // every box: both groups (or the tile's one) release the stage after O += P V

@@ -82,8 +82,8 @@ struct Config {
   static constexpr bool kSpreadCopies = false;  // not chosen: thread 0 issues a one-page tile's copies (spread over the four warps, same-process A/B, H100: MLA b=128 s_q 1 0.999, s_q 2 1.004, b=8 1.003, b=1 1.020)
   static constexpr bool kOverlap = false;  // seesaw: the groups hand the tile to each other
   static constexpr int kBoxes = 9;
-  static constexpr int kKeyBoxes = 9;
-  static constexpr int kValueBox = 0;
+  static constexpr int kKeyBoxes = 9;  // the key is the staged row's boxes 0-8, read by S = Q K^T in the stage's order against the Q row's columns in the key's
+  static constexpr int kValueBox = 0;  // the value is the staged row's boxes 0-7 (O += P V's operand)
   static constexpr int kValueBoxes = 8;
   static constexpr int kOutBoxes = 4;
   static constexpr int kEarlyBoxes = 4;  // the value's left half, read last by WG0, released apart
