@@ -34,6 +34,8 @@ FLAG_SLOT = header_define("ATTNCC_FLAG_SLOT")
 FLAG_PAGE = header_define("ATTNCC_FLAG_PAGE")
 FLAG_SEQLEN = header_define("ATTNCC_FLAG_SEQLEN")
 FLAG_INDEX = header_define("ATTNCC_FLAG_INDEX")
+FLAG_SCHEDULE = header_define("ATTNCC_FLAG_SCHEDULE")
+SCHEDULE_LINE_BYTES = header_define("ATTNCC_SCHEDULE_LINE_BYTES")  # a part's line of k.plan's schedule
 
 
 class AttnccArgs(ctypes.Structure):
@@ -48,7 +50,7 @@ class AttnccArgs(ctypes.Structure):
         ("seqlens", ctypes.c_void_p), ("indices", ctypes.c_void_p),
         ("partial_out", ctypes.c_void_p), ("partial_lse", ctypes.c_void_p),
         ("batch", ctypes.c_int), ("s_q", ctypes.c_int), ("num_splits", ctypes.c_int),
-        ("num_parts", ctypes.c_int), ("softmax_scale", ctypes.c_float), ("flags", ctypes.c_void_p),
+        ("num_parts", ctypes.c_int), ("schedule", ctypes.c_void_p), ("softmax_scale", ctypes.c_float), ("flags", ctypes.c_void_p),
         ("stream", ctypes.c_void_p),
     ]
 
@@ -89,6 +91,8 @@ class Library:
         self.dll.attncc_launch.restype = ctypes.c_int
         self.dll.attncc_write_cache.argtypes = [ctypes.POINTER(AttnccWriteArgs)]
         self.dll.attncc_write_cache.restype = ctypes.c_int
+        self.dll.attncc_plan_schedule.argtypes = [ctypes.POINTER(AttnccArgs), ctypes.c_void_p]
+        self.dll.attncc_plan_schedule.restype = ctypes.c_int
         self._ctas_per_sm = None
 
     def ctas_per_sm(self) -> int:
@@ -99,6 +103,12 @@ class Library:
 
     def launch(self, args: AttnccArgs) -> None:
         status = self.dll.attncc_launch(ctypes.byref(args))
+        if status != 0:
+            self.fail(status)
+
+    def plan_schedule(self, args: AttnccArgs, lines: int) -> None:
+        """A step's schedule (abi.h attncc_plan_schedule) into the device buffer at `lines`."""
+        status = self.dll.attncc_plan_schedule(ctypes.byref(args), ctypes.c_void_p(lines))
         if status != 0:
             self.fail(status)
 

@@ -21,6 +21,10 @@ PROBLEMS = {
                                  "(max_pages * page size); it was clamped into that range"),
     abi.FLAG_INDEX: ("indices", "an index outside [-1, num_pages * page size); that token was "
                                 "left out of the attention"),
+    abi.FLAG_SCHEDULE: ("metadata", "a schedule made by k.plan(seqlens) for other lengths or shapes than "
+                                    "the call's (the lengths changed after the plan: make it again each "
+                                    "step); the call cut its own, so its results are right but the "
+                                    "plan's time was lost"),
 }
 
 

@@ -2,6 +2,8 @@
 explanation, and the call (reference math on CPU tensors, the built op on CUDA)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import abi, devicecheck, reference, storage, validate
@@ -20,6 +22,18 @@ def _capturing_or_compiling() -> bool:
 def _direct_launch(q) -> bool:
     """A call that may skip the op's dispatch: plain CUDA tensors, nothing tracing it."""
     return type(q) is torch.Tensor and q.is_cuda and not torch.compiler.is_compiling()
+
+
+def _schedule_of(splits: int, metadata, q):
+    """(num_splits, schedule) of a call: num_splits= first, else the metadata's count and, on the
+    device, its parts' lines (k.plan(seqlens); the torch.library ops, which torch.compile traces,
+    take the count alone)."""
+    if splits or metadata is None:
+        return splits, None
+    schedule = metadata.schedule
+    if schedule is not None and isinstance(q, torch.Tensor) and schedule.device != q.device:
+        raise ValueError(f"metadata: made by k.plan on {schedule.device}, the call is on {q.device}")
+    return metadata.num_splits, schedule
 
 
 class Kernel:
@@ -42,6 +56,8 @@ class Kernel:
             # registered now: a first use inside torch.compile could not register it
             self._op = op_for(spec, self._plan, f"_{family}" if family else "")
             self._flags = self._op.flags  # shared with the op's kernels
+            # k.plan(seqlens) cuts a part-mode step's parts on the device with the op's library
+            self._plan = dataclasses.replace(self._plan, scheduler=self._op.schedule)
 
     @property
     def plan(self) -> Plan:
@@ -131,15 +147,14 @@ class Kernel:
                  metadata=None, out=None, lse=None, return_lse=True, num_splits=None):
         """out [b, s_q, h_q, d_v], lse [b, h_q, s_q] (just out with return_lse=False).
         `out=` and `lse=` are written instead of new tensors. `metadata` from k.plan(seqlens)
-        fixes the split count for a decode step, `num_splits=` sets it; without either it comes
-        from shapes."""
+        fixes the split count for a decode step (and, made from lengths on the device, holds its
+        parts, cut once for every layer), `num_splits=` sets it; without either it comes from
+        shapes."""
         fast = self._launcher(q)
         if fast is not None:  # an eager call on plain CUDA tensors: the compiled launcher
-            splits = validate.num_splits(num_splits)
-            if not splits and metadata is not None:
-                splits = metadata.num_splits
+            splits, schedule = _schedule_of(validate.num_splits(num_splits), metadata, q)
             result = fast(q, cache, block_table, seqlens, indices, self.spec.softmax_scale if scale is None
-                          else validate.softmax_scale(scale), splits, out, lse)
+                          else validate.softmax_scale(scale), splits, out, lse, schedule)
             if result is not None:  # None: a call it leaves to the path below (copies, another device)
                 return result if return_lse else result[0]
         # values are checked on the host on CPU tensors and with ATTNCC_CHECK=1 (a sync); on
@@ -163,13 +178,12 @@ class Kernel:
                 ref_lse = lse.copy_(ref_lse)
             return (ref_out, ref_lse) if return_lse else ref_out
         scale = self.spec.softmax_scale if scale is None else scale
-        if not splits and metadata is not None:
-            splits = metadata.num_splits
+        splits, schedule = _schedule_of(splits, metadata, q)
         if _direct_launch(q):
             # eager (or under graph capture) on real CUDA tensors: straight to the launch, without
             # the torch.library dispatch that torch.compile needs (measured: ~28 of 65 us)
             result_out, result_lse = self._op.launch(q, cache_list(self.spec, cache), block_table, seqlens,
-                                                     indices, scale, splits, out, lse)
+                                                     indices, scale, splits, out, lse, schedule)
             return (result_out, result_lse) if return_lse else result_out
         args = (q, cache_list(self.spec, cache), block_table, seqlens, indices, scale, splits)
         if out is None and lse is None:

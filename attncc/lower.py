@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from . import families, split
 from .abi import MAX_TENSORS
@@ -43,12 +44,16 @@ class Plan:
     num_sms: int        # the split heuristic's default SM count; launches read the real one
     not_applied: tuple[str, ...] = ()  # knobs the family runs without applying them
     refused: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # families tried first
+    # k.plan(seqlens)'s device work where the plan has a built op (ops.plan_schedule): (metadata,
+    # seqlens, s_q, num_sms) -> metadata with the parts' lines; not part of the plan's identity
+    scheduler: Callable | None = field(default=None, compare=False, repr=False)
 
     def template_dict(self) -> dict:
         """The plan as the templates read it (also the canonical form for hashing)."""
         data = asdict(self)
         data["config"].pop("why")
         data.pop("refused")
+        data.pop("scheduler")
         return data
 
     def canonical_json(self) -> str:
@@ -58,8 +63,19 @@ class Plan:
                  max_seqlen: int | None = None) -> split.DecodeMetadata:
         """Scheduling metadata for one decode step, shared by all layers of that step
         (`k.plan(seqlens)`; attncc/split.py): from shapes (and max_seqlen when given), never
-        from the lengths' values, so it costs no host sync."""
-        return split.metadata(self, seqlens, s_q, num_sms or self.num_sms, self.ctas_per_sm, max_seqlen)
+        from the lengths' values, so it costs no host sync. Lengths in a CUDA tensor of a plan
+        with a built op: a part-mode step's parts are cut there too (core/plan.cuh), once for
+        every layer's call, with device work only."""
+        meta = split.metadata(self, seqlens, s_q, num_sms or self.num_sms, self.ctas_per_sm, max_seqlen)
+        return meta if self.scheduler is None else self.scheduler(meta, seqlens, s_q, num_sms)
+
+    @property
+    def schedule_key(self) -> int:
+        """A 64-bit digest of the plan (rendered as kScheduleKey): a schedule that k.plan(seqlens)
+        made with one plan's kernels is taken by the same plan's decode kernels only."""
+        import hashlib
+
+        return int(hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16], 16)
 
     @property
     def ctas_per_sm(self) -> int:
@@ -91,11 +107,13 @@ class Plan:
             how = (f"split_kv {self.split_kv}: balanced, all sequences' KV tiles cut into "
                    f"{parts} equal parts of {lanes} CTAs (row blocks x kv heads)")
             seqs = batch * s_q if self.sparse else batch
-            bounds, whole = split.whole_parts([-(-kv_tokens // cfg.tile_n)] * seqs, parts)
+            bounds, whole = split.whole_parts([-(-kv_tokens // cfg.tile_n)] * seqs, parts,
+                                              split.whole_slack_tiles(self, s_q), cfg.piece_cost_tiles)
             if whole and cfg.whole_parts:  # these equal lengths: the kernels move the cuts to the sequences' starts
                 longest = max(b - a for a, b in zip(bounds, bounds[1:]))
                 how += (f"; these equal lengths: each cut moved back to its sequence's start, so the parts "
-                        f"hold whole sequences (the longest {longest} tiles, {longest * parts / bounds[-1]:.3f} of "
+                        f"hold whole sequences (the longest {longest} tiles with its pieces' cost, "
+                        f"{longest * parts / bounds[-1]:.3f} of "
                         "the even length; decided on the device from the lengths) and none is merged")
                 merged = False
         else:

@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import devicecheck, launcher, reference, split, storage, validate
-from .abi import MAX_SEGMENTS, VALUE_DTYPES, AttnccArgs, AttnccWriteArgs, Library
+from .abi import MAX_SEGMENTS, SCHEDULE_LINE_BYTES, VALUE_DTYPES, AttnccArgs, AttnccWriteArgs, Library
 from .cache import build
 from .ir import Spec
 from .lower import Plan
@@ -95,7 +95,7 @@ def prepare(plan: Plan, library: Library, q, views, block_table, requested: int,
 
 
 def pack(p: Prepared, q, out, lse, views, block_table, seqlens, indices, partial_out, partial_lse,
-         scale: float, stream: int) -> AttnccArgs:
+         scale: float, stream: int, schedule=None) -> AttnccArgs:
     """The AttnccArgs of a prepared launch (the compiled launcher fills the same fields)."""
     args = AttnccArgs()
     args.q, args.out, args.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
@@ -110,16 +110,18 @@ def pack(p: Prepared, q, out, lse, views, block_table, seqlens, indices, partial
     args.seqlens, args.indices = _ptr(seqlens), _ptr(indices)
     args.partial_out, args.partial_lse = _ptr(partial_out), _ptr(partial_lse)
     args.batch, args.s_q, args.num_splits, args.num_parts = p.batch, p.s_q, p.num_splits, p.num_parts
+    args.schedule = _ptr(schedule) if p.num_parts else None
     args.softmax_scale = scale
     args.stream = stream
     return args
 
 
 def cuda_forward(spec: Spec, plan: Plan, library: Library, q, cache, block_table, seqlens, indices,
-                 scale: float, splits: int = 0, out=None, lse=None, flags=None):
+                 scale: float, splits: int = 0, out=None, lse=None, flags=None, schedule=None):
     """One launch (the Python path); writes into out and lse when given (checked by the
     caller), else new ones. flags: the device word the kernels' value checks report into
-    (devicecheck.py), or None."""
+    (devicecheck.py), or None; schedule: the step's parts' lines (k.plan's, split mode ignores
+    them), or None."""
     scale = validate.softmax_scale(scale)  # the op may be called without the Kernel
     q = _aligned("q", q.contiguous())
     views = [_cache_view(spec, plan, i, t) for i, t in enumerate(cache)]
@@ -139,7 +141,7 @@ def cuda_forward(spec: Spec, plan: Plan, library: Library, q, cache, block_table
         partial_out = torch.empty(p.workspace[0], dtype=torch.float32, device=q.device)
         partial_lse = torch.empty(p.workspace[1], dtype=torch.float32, device=q.device)
     args = pack(p, q, out, lse, views, block_table, seqlens, indices, partial_out, partial_lse, scale,
-                torch.cuda.current_stream(q.device).cuda_stream)
+                torch.cuda.current_stream(q.device).cuda_stream, schedule)
     _on(q.device, library.launch, args)
     return out, lse
 
@@ -272,6 +274,35 @@ def prepare_call(spec: Spec, plan: Plan, library: Library, flags: devicecheck.De
     return prepare(plan, library, q, views, block_table, num_splits, flags.word(q.device))
 
 
+def plan_schedule(plan: Plan, library, meta: split.DecodeMetadata, seqlens, s_q: int,
+                  num_sms: Optional[int]) -> split.DecodeMetadata:
+    """k.plan(seqlens)'s device work (core/plan.cuh): where the step runs in part mode and its
+    lengths are a CUDA tensor, the parts' lines, cut once on the device for every layer's call
+    (the parts fixed with them: what a launch of these shapes chooses); else `meta` as the host
+    made it (library() is the op's Library, built on first use). No host sync: the kernel reads
+    the lengths on the stream."""
+    if not isinstance(seqlens, torch.Tensor) or not seqlens.is_cuda or meta.num_splits > 0:
+        return meta
+    if seqlens.dim() != 1 or seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"seqlens: expected a 1-d int32 tensor of the batch's lengths, got "
+                         f"{tuple(seqlens.shape)} {seqlens.dtype}")
+    if not 1 <= s_q <= plan.max_sq:
+        raise ValueError(f"s_q: {s_q} query tokens; the spec takes 1..{plan.max_sq}")
+    batch, device = seqlens.shape[0], seqlens.device
+    if batch == 0:
+        return meta
+    parts = -meta.num_splits if meta.num_splits < 0 else \
+        split.num_parts(plan, s_q, num_sms or _sm_count(device.index or 0), library().ctas_per_sm())
+    lengths = seqlens.to(torch.int32).contiguous()
+    lines = torch.empty(parts * SCHEDULE_LINE_BYTES, dtype=torch.uint8, device=device)
+    args = AttnccArgs()
+    args.batch, args.s_q, args.num_splits, args.num_parts = batch, s_q, 1, parts
+    args.seqlens, args.block_table_cols = lengths.data_ptr(), 0  # no block table: unclamped
+    args.stream = torch.cuda.current_stream(device).cuda_stream
+    _on(device, lambda a: library().plan_schedule(a, lines.data_ptr()), args)
+    return split.DecodeMetadata(-parts, meta.longest, schedule=lines)
+
+
 _OPS: dict[str, object] = {}
 
 
@@ -289,10 +320,10 @@ def op_for(spec: Spec, plan: Plan, tag: str = ""):
             libraries["lib"] = Library(build(plan))
         return libraries["lib"]
 
-    def launch(q, cache, block_table, seqlens, indices, scale, num_splits, out=None, lse=None):
+    def launch(q, cache, block_table, seqlens, indices, scale, num_splits, out=None, lse=None, schedule=None):
         """The CUDA launch behind both ops (and Kernel's eager calls, which skip the dispatch)."""
         return cuda_forward(spec, plan, library(), q, cache, block_table, seqlens, indices, scale,
-                            num_splits, out=out, lse=lse, flags=flags.word(q.device))
+                            num_splits, out=out, lse=lse, flags=flags.word(q.device), schedule=schedule)
 
     @cache
     def fast():
@@ -356,6 +387,8 @@ def op_for(spec: Spec, plan: Plan, tag: str = ""):
                                    [s.name for s in spec.segments], partial(prepare_write, spec, plan, flags))
 
     attention.fast_write = fast_write
+    # k.plan(seqlens)'s device work (Plan.scheduler; a plain function, as the plan is a dataclass)
+    attention.schedule = lambda meta, seqlens, s_q, num_sms: plan_schedule(plan, library, meta, seqlens, s_q, num_sms)
     _OPS[qualname] = attention
     return attention
 

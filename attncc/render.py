@@ -52,8 +52,8 @@ def constants(plan: Plan) -> list[dict]:
 def render(plan: Plan) -> str:
     """The translation unit for one plan: constants + kernel instantiations + C ABI."""
     template = families.by_name(plan.family).template
-    return _environment().get_template(template).render(plan=plan.template_dict(),
-                                                        constants=constants(plan))
+    data = dict(plan.template_dict(), schedule_key=plan.schedule_key)  # the digest of the rest
+    return _environment().get_template(template).render(plan=data, constants=constants(plan))
 
 
 def template_digest() -> str:

@@ -11,7 +11,8 @@ of their shapes on the host."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 WHOLE_SLACK = 16  # core/schedule.cuh kWholeSlack: whole-sequence parts up to 17/16 of the even length
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (prologue, combine) dominates
@@ -22,6 +23,9 @@ FULL_WAVE = 0.95  # a grid holding this share of the SMs' CTA slots at once is n
 class DecodeMetadata:
     num_splits: int        # the launch's num_splits: n >= 1 splits, -p balanced parts, 0 its own choice
     longest: int | None    # the longest length it was planned for, where known on the host
+    # part mode, lengths on the device: the parts' lines made there (abi.h AttnccArgs.schedule; a
+    # uint8 CUDA tensor of -num_splits lines), which the decode CTAs read instead of cutting the line
+    schedule: Any = field(default=None, compare=False, repr=False)
 
 
 def balanced(plan) -> bool:
@@ -47,20 +51,37 @@ def num_parts(plan, s_q: int, sms: int, ctas_per_sm: int) -> int:
     return max(1, sms * max(ctas_per_sm, 1) // lanes(plan, s_q))
 
 
-def whole_parts(tiles, parts: int) -> tuple[list[int], bool]:
+def whole_slack_tiles(plan, s_q: int) -> int:
+    """whole_parts' slack in tiles for a launch at s_q (core/work.cuh whole_slack_tiles): the
+    plan's whole_slack_tiles where the rows a sequence (s_q x group; sparse: the group) reach
+    its whole_tight_rows (the launch is compute-bound), else -1."""
+    rows = plan.group * (1 if plan.sparse else s_q)
+    return plan.config.whole_slack_tiles if rows >= plan.config.whole_tight_rows else -1
+
+
+def line_lengths(tiles, piece_cost: int = 0) -> list[int]:
+    """Each sequence's length on part mode's line (core/schedule.cuh line_length): its tiles and,
+    where it has some, a piece's cost (the plan's piece_cost_tiles)."""
+    return [n + piece_cost if n > 0 else 0 for n in tiles]
+
+
+def whole_parts(tiles, parts: int, slack_tiles: int = -1, piece_cost: int = 0) -> tuple[list[int], bool]:
     """Whole-sequence parts as the kernels decide them on the device from the lengths
     (core/schedule.cuh; tests/test_schedule.py holds the two to each other): each cut p T / P
-    moved back to the start of the sequence it falls in. The parts' bounds (P + 1 tile
-    positions) and whether a launch takes them: some tiles, and the longest part at most
-    1 + 1 / WHOLE_SLACK of T / P."""
-    total = sum(tiles)
+    of the line (line_lengths) moved back to the start of the sequence it falls in. The parts'
+    bounds (P + 1 line positions) and whether a launch takes them: some tiles, and the longest
+    part at most 1 + 1 / WHOLE_SLACK of T / P and, with slack_tiles >= 0 (whole_slack_tiles),
+    at most that many over it."""
+    line = line_lengths(tiles, piece_cost)
+    total = sum(line)
     starts, base = [], 0
-    for n in tiles:
+    for n in line:
         starts += [base] * sum(1 for p in range(parts) if base <= p * total // parts < base + n)
         base += n
     bounds = (starts or [0] * parts) + [total]  # no tiles: every part empty, the last holds all
     longest = max(b - a for a, b in zip(bounds, bounds[1:]))
-    return bounds, total > 0 and longest * parts * WHOLE_SLACK <= total * (WHOLE_SLACK + 1)
+    return bounds, (total > 0 and longest * parts * WHOLE_SLACK <= total * (WHOLE_SLACK + 1)
+                    and (slack_tiles < 0 or longest * parts <= total + slack_tiles * parts))
 
 
 def num_splits(plan, batch: int, s_q: int, kv_tokens: int, sms: int) -> int:

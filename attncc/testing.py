@@ -167,7 +167,9 @@ def with_config(plan, overrides):
             changes[name] = value == "true" if value in ("true", "false") else int(value)
         except ValueError:
             raise ValueError(f"--config {text!r}: VALUE is true, false or an int") from None
-    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, **changes)) if changes else plan
+    # (without the op's scheduler: its schedule is of the plan as lowered)
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, **changes), scheduler=None) \
+        if changes else plan
 
 
 def families_of(path_or_text) -> list[str]:

@@ -1,7 +1,8 @@
 """Same-process A/B of two builds of one plan's kernel library (GPU).
 
     python3 bench/ab.py SPEC A.so B.so [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64]
-                        [--rounds 15] [--spec-b SPEC_B] [--splits-a N --splits-b N] [--ordered-pages]
+                        [--rounds 15] [--spec-b SPEC_B] [--splits-a N --splits-b N] [--schedule-b]
+                        [--ordered-pages]
 
 Both libraries get the same inputs (attncc.bench.inputs: random cache larger than L2, pages
 in random order) through the same AttnccArgs; each round times one call of A and one of B
@@ -10,13 +11,15 @@ goes first. With --spec-b, B is driven by that spec's plan (its split policy and
 build of another schedule of the same cache layout, e.g. `seesaw` on or off). With --splits-a /
 --splits-b each side's num_splits as the op takes it (0 the launch's choice, n splits, -p
 balanced parts): one library (A.so = B.so) at two split choices, e.g. b = 1's 66 parts against
-44. Prints the median of each, the ratio, whether the outputs are bitwise equal (not expected
+44. With --schedule-b, B's call reads the step's schedule (k.plan(seqlens) on the device) and A's
+cuts its parts in every CTA: one library (A.so = B.so), the same parts. Prints the median of each, the ratio, whether the outputs are bitwise equal (not expected
 across split choices: the sums are cut elsewhere), and each side's outputs checked against
 attncc.reference on three sequences of the call.
 --heads and --page vary SPEC as bench/ab_build.py does; each library must be a build of that
-variant (its TAG_name.json from ab_build, or, without one, SPEC as written).
+variant (its TAG_name.json from ab_build, or, without one, SPEC as written), and is driven by the
+plan of the kernel family it was built on (ab_build --family: an A/B of two families).
 Each library is driven through the AttnccArgs of its own ABI version (1, from before strides
-and device flags, or today's), so builds from before a version change can be compared."""
+and device flags, 3, from before the step's schedule, or today's), so builds from before a version change can be compared."""
 from __future__ import annotations
 
 import argparse
@@ -30,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attncc import abi, bench, ops, testing  # noqa: E402
+from attncc import abi, bench, ops, split, testing  # noqa: E402
 from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
 from attncc.ops import cache_list  # noqa: E402
@@ -51,18 +54,27 @@ class AttnccArgsV1(ctypes.Structure):
     ]
 
 
+class AttnccArgsV3(ctypes.Structure):
+    """AttnccArgs of ABI version 3 (before the step's schedule): today's fields but `schedule`."""
+
+    _fields_ = [f for f in abi.AttnccArgs._fields_ if f[0] != "schedule"]
+
+
 def load(path: str):
     """A library of any ABI version this script knows (1: no attncc_abi_version export, or 1;
-    2: today's), with the struct its attncc_launch takes."""
+    3: before the schedule; today's), with the struct its attncc_launch takes."""
     dll = ctypes.CDLL(path)
     version = dll.attncc_abi_version() if hasattr(dll, "attncc_abi_version") else 1
-    struct = {1: AttnccArgsV1, abi.ABI_VERSION: abi.AttnccArgs}.get(version)
+    struct = {1: AttnccArgsV1, 3: AttnccArgsV3, abi.ABI_VERSION: abi.AttnccArgs}.get(version)
     if struct is None:
         raise SystemExit(f"{path}: ABI version {version}, which this script cannot drive")
     lib = abi.Library.__new__(abi.Library)
     lib.path, lib.dll, lib._ctas_per_sm = Path(path), dll, None
     lib.dll.attncc_launch.argtypes = [ctypes.POINTER(struct)]
     lib.dll.attncc_launch.restype = ctypes.c_int
+    if hasattr(dll, "attncc_plan_schedule"):
+        lib.dll.attncc_plan_schedule.argtypes = [ctypes.POINTER(struct), ctypes.c_void_p]
+        lib.dll.attncc_plan_schedule.restype = ctypes.c_int
     lib.struct = struct
     return lib
 
@@ -81,9 +93,14 @@ def make_args(plan, lib, case, spec, stream=None, requested: int = 0):
     if p.workspace is not None:
         po, pl = (torch.empty(shape, dtype=torch.float32, device=q.device) for shape in p.workspace)
     stream = torch.cuda.current_stream().cuda_stream if stream is None else stream
-    if lib.struct is abi.AttnccArgs:
+    if lib.struct in (abi.AttnccArgs, AttnccArgsV3):
         a = ops.pack(p, q, out, lse, views, case.block_table, case.seqlens, case.indices, po, pl,
                      spec.softmax_scale, stream)
+        if lib.struct is AttnccArgsV3:  # the same fields, but the schedule
+            old = AttnccArgsV3()
+            for name, _ in AttnccArgsV3._fields_:
+                setattr(old, name, getattr(a, name))
+            a = old
         return a, (out, lse, po, pl, flags), (p.num_splits, p.num_parts)
     a = lib.struct()
     a.q, a.out, a.lse = q.data_ptr(), out.data_ptr(), lse.data_ptr()
@@ -117,17 +134,21 @@ def main(argv=None) -> int:
     ap.add_argument("--splits-a", type=int, default=0, help="A's num_splits as the op takes it: 0 the launch's "
                     "choice, n splits, -p balanced parts (A.so and B.so may then be one library)")
     ap.add_argument("--splits-b", type=int, default=0, help="... B's")
+    ap.add_argument("--schedule-b", action="store_true", help="B's call reads the step's schedule, made once "
+                    "beforehand as k.plan(seqlens) makes it on the device (core/plan.cuh; part mode)")
     ap.add_argument("--ordered-pages", action="store_true", help="each sequence's pages in order (a diagnostic "
                     "of what the random page order costs), not shuffled")
     args = ap.parse_args(argv)
 
-    def built_as(lib: str):
-        """(h_q, page size) bench/ab_build.py built `lib` with (its TAG_name.json), or None."""
+    def record(lib: str) -> dict:
+        """What bench/ab_build.py built `lib` as (its TAG_name.json), or {}."""
         sidecar = Path(lib).with_suffix(".json")
-        if not sidecar.exists():
-            return None
-        built = json.loads(sidecar.read_text())
-        return built["heads_q"], built["page_size"]
+        return json.loads(sidecar.read_text()) if sidecar.exists() else {}
+
+    def built_as(lib: str):
+        """(h_q, page size) bench/ab_build.py built `lib` with, or None."""
+        built = record(lib)
+        return (built["heads_q"], built["page_size"]) if built else None
 
     def variant(path, libs):
         s = check_spec(Path(path))
@@ -152,8 +173,21 @@ def main(argv=None) -> int:
     cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
     case = bench.inputs(spec, cfg, ordered_pages=args.ordered_pages)
     requested = {"A": args.splits_a, "B": args.splits_b}
-    launches = {name: make_args(Kernel(specs[name]).plan, lib, case, specs[name], requested=requested[name])
+    # each library driven by the plan of the family it was built on (ab_build --family), else the lowering's
+    paths = {"A": args.a, "B": args.b}
+    kernels = {name: Kernel(specs[name], record(paths[name]).get("family")) for name in libs}
+    launches = {name: make_args(kernels[name].plan, lib, case, specs[name], requested=requested[name])
                 for name, lib in libs.items()}
+    if args.schedule_b:  # as k.plan(seqlens) with lengths on the device: once, outside the timed calls
+        parts = launches["B"][2][1]
+        if not parts or not hasattr(libs["B"].dll, "attncc_plan_schedule"):
+            raise SystemExit("--schedule-b: B's call is not in part mode, or its library makes no schedule")
+        lengths = case.seqlens if case.seqlens is not None else \
+            torch.zeros(cfg.batch, dtype=torch.int32, device="cuda")  # sparse: the lines need the batch only
+        made = ops.plan_schedule(kernels["B"].plan, lambda: libs["B"], split.DecodeMetadata(-parts, None),
+                                 lengths, cfg.s_q, None)
+        launches["B"][0].schedule = made.schedule.data_ptr()
+        launches["B"] = (*launches["B"], made.schedule)  # kept alive
     flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     times = {"A": [], "B": []}
     for name, lib in libs.items():  # warm up, and check both run
@@ -179,7 +213,7 @@ def main(argv=None) -> int:
     checks = {n: testing.compare(spec, sub, launches[n][1][0][rows], launches[n][1][1][rows]) for n in libs}
     ma, mb = statistics.median(times["A"]), statistics.median(times["B"])
     flagged = [n for n in libs if launches[n][1][4] is not None and int(launches[n][1][4].item())]
-    print(f"{spec.name} {cfg.label()}{' ordered pages' if args.ordered_pages else ''} splits/parts {launches['A'][2]}/{launches['B'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
+    print(f"{spec.name} {cfg.label()}{' ordered pages' if args.ordered_pages else ''}{', B with the schedule' if args.schedule_b else ''} splits/parts {launches['A'][2]}/{launches['B'][2]}: A {ma:.1f} us, B {mb:.1f} us, "
           f"B/A {mb / ma:.4f}, outputs {'bitwise equal' if same else 'differ'}; "
           + "; ".join(f"{n} vs reference: {'ok' if c.ok else 'WRONG'} ({c})" for n, c in checks.items())
           + (f", FLAGGED a bad value on good inputs: {flagged}" if flagged else ""))

@@ -117,9 +117,39 @@ def worker(names, quick: bool = False, host_init: bool = False) -> int:
                 if not result.ok:
                     failed += 1
                     print(f"WRONG {name} s_q={s_q} splits={splits}: {result}", flush=True)
+            if ":" not in name and "~" not in name:  # the spec's own plan: the step's schedule (k.plan(seqlens) on the device)
+                failed += _schedule_case(name, k, lengths, s_q, host_init)
         failed += _write_case(name, k, host_init)
         print(f"case {name}: done in {time.perf_counter() - start:.1f} s", flush=True)
     return 1 if failed else 0
+
+
+def _schedule_case(name, k, lengths, s_q: int, host_init: bool) -> int:
+    """A call reading the step's schedule (core/plan.cuh: each CTA loads its part's line) and one
+    given a schedule of other lengths (refused by its key: the CTAs cut their own, and the flag
+    is set); 1 on a wrong result."""
+    import torch
+
+    from attncc import testing
+
+    spec = k.spec
+    case = testing.random_case(spec, lengths, s_q, seed=11 * s_q)
+    if host_init:
+        _rewrite_by_copy(case.q, case.cache, case.block_table, case.seqlens, case.indices)
+    on_device = case.seqlens if case.seqlens is not None else torch.zeros(len(lengths), dtype=torch.int32, device="cuda")
+    failed = 0
+    for label, meta in (("schedule", k.plan(on_device, s_q=s_q)), ("stale schedule", k.plan(on_device + 700, s_q=s_q))):
+        out, lse = k(case.q, case.cache, case.block_table, case.seqlens, indices=case.indices, metadata=meta)
+        torch.cuda.synchronize()
+        result = testing.compare(spec, case, out, lse)
+        if not result.ok:
+            failed = 1
+            print(f"WRONG {name} s_q={s_q} {label}: {result}", flush=True)
+    try:
+        k.check()  # the stale schedule's flag (a dense plan's; sparse lines depend on no length)
+    except ValueError:
+        pass
+    return failed
 
 
 def _write_case(name, k, host_init: bool) -> int:

@@ -204,6 +204,45 @@ EXTRA = {
     value = v
     query len <= 2 causal
 }""",
+    # key and value as segments of their own on the Hopper family's stacked schedule (the key's
+    # boxes apart from the value's): MQA-256 at h_q 128 from separate tensors (one-page TMA tiles),
+    # GQA d128 with a group of 64 at page 5 (cp.async; s_q 1 is the split mode, whose merge
+    # outgrows the Q tile), the value first in the record at page 16 (four-page TMA tiles), and a
+    # tied K = V at page 1, and GTA's key of two runs (the tied state's first half, the rope) at page 16
+    "mqa256_h128": """attention mqa256_h128 {
+    heads q = 128, kv = 1
+    cache paged(64) separate { k: bf16[256]  v: bf16[256] }
+    key = k
+    value = v
+    query len <= 2 causal
+}""",
+    "gqa_g64_page5": """attention gqa_g64_page5 {
+    heads q = 128, kv = 2
+    cache paged(5) { k: bf16[128]  v: bf16[128] }
+    key = k
+    value = v
+    query len <= 2 causal
+}""",
+    "mqa_vfirst_page16": """attention mqa_vfirst_page16 {
+    heads q = 64, kv = 1
+    cache paged(16) { v: bf16[64]  k: bf16[128] }
+    key = k
+    value = v
+}""",
+    "mqa_tied_page1": """attention mqa_tied_page1 {
+    heads q = 64, kv = 1
+    cache paged(1) { kv: bf16[128] }
+    key = kv
+    value = kv
+    query len <= 3 causal
+}""",
+    "gta_g64_page16": """attention gta_g64_page16 {
+    heads q = 128, kv = 2
+    cache paged(16) { tied: bf16[128]  rope: bf16[64] shared }
+    key = tied[0:64] ++ rope
+    value = tied
+    query len <= 2 causal
+}""",
     "gla2_separate_fp16": """attention gla2_separate_fp16 {
     heads q = 32, kv = 2
     cache paged(7) separate { latent: fp16[256]  rope: fp16[64] shared }

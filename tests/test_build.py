@@ -111,11 +111,12 @@ def test_compiles_without_spills(tmp_path, case, arch):
     parts = [k for k in kernels if "decode_parts_kernel" in k.function]
     combine = [k for k in kernels if "combine_kernel" in k.function]
     write = [k for k in kernels if "write_cache_kernel" in k.function]
+    schedule = [k for k in kernels if "plan_schedule_kernel" in k.function]  # k.plan(seqlens)'s (core/plan.cuh)
     # each decode kernel twice: for any cache strides, and for contiguous caches (core/paging.cuh)
     contiguous = [k for k in decode + parts if "ContiguousCache" in k.function]
     assert len(decode) == 2 and len(parts) == 2 and len(combine) == 1 and len(contiguous) == 2, names
-    assert len(write) == 1 and len(kernels) == 6, names
-    for k in decode + parts + combine + write:
+    assert len(write) == 1 and len(schedule) == 1 and len(kernels) == 7, names
+    for k in decode + parts + combine + write + schedule:
         assert k.spill_stores == 0, f"{k.function}: {k.spill_stores} bytes spill stores\n{log}"
         assert k.spill_loads == 0, f"{k.function}: {k.spill_loads} bytes spill loads\n{log}"
         assert k.stack_bytes == 0, f"{k.function}: {k.stack_bytes} bytes stack\n{log}"

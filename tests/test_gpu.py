@@ -654,6 +654,115 @@ def test_attncc_check_raises_before_the_launch(kernels, monkeypatch):
     k.check()  # nothing launched, nothing flagged
 
 
+def _schedule_lines(metadata):
+    """The lines of a step's schedule (core/work.cuh ScheduleLine): (total, begin, end, first_seq, whole) a part."""
+    words = metadata.schedule.view(torch.int64).view(-1, 6).cpu()
+    return [(int(w[0]), int(w[1]), int(w[2]), int(w[5]) & 0xffffffff, int(w[5]) >> 32) for w in words]
+
+
+def _host_bounds(k, tiles, parts, s_q):
+    """The line's length, the parts' bounds and whether they hold whole sequences, by the host's
+    mirror (attncc/split.py; the line: tiles and a piece's cost each)."""
+    cost = k.plan.config.piece_cost_tiles
+    total = sum(split.line_lengths(tiles, cost))
+    possible = len(tiles) * (split.WHOLE_SLACK + 1) >= parts * split.WHOLE_SLACK
+    if k.plan.config.whole_parts and possible:
+        bounds, whole = split.whole_parts(tiles, parts, split.whole_slack_tiles(k.plan, s_q), cost)
+        if whole:
+            return total, bounds, True
+    return total, [p * total // parts for p in range(parts + 1)], False
+
+
+@pytest.mark.parametrize("name", with_families(["mla", "gla2", "mla_fp8_sparse", "mla_page1_h128", "gqa8", "mla_page64_h16"]))
+def test_step_schedule_made_on_the_device(kernels, name):
+    """k.plan(seqlens) with the lengths on the device cuts a part-mode step's parts there (core/plan.cuh),
+    without a host sync; each line is the host mirror's (split.py), and a call reading it gives,
+    bitwise, what a call whose CTAs cut the same parts themselves gives, and the reference."""
+    k = kernels[name]
+    rng = random.Random(name)
+    for s_q in range(1, k.spec.max_query_len + 1):
+        for lengths in (_lengths(k, 9, rng), [rng.randrange(0, 3000) for _ in range(150)], [4100] * 40, [0, 0, 5]):
+            case = testing.random_case(k.spec, lengths, s_q, seed=rng.randrange(1 << 30))
+            on_device = case.seqlens if case.seqlens is not None else torch.zeros(len(lengths), dtype=torch.int32, device="cuda")
+            with no_host_sync():
+                metadata = k.plan(on_device, s_q=s_q)
+            assert metadata.num_splits < 0 and metadata.schedule is not None, metadata
+            parts = -metadata.num_splits
+            tile_n, batch = k.plan.config.tile_n, len(lengths)
+            if k.spec.sparse:
+                tiles = [-(-k.plan.topk // tile_n)] * (batch * s_q)
+            else:
+                tiles = [-(-n // tile_n) for n in lengths]
+            line_total, bounds, whole = _host_bounds(k, tiles, parts, s_q)
+            lines = _schedule_lines(metadata)
+            assert len(lines) == parts
+            for p, (total, begin, end, _, line_whole) in enumerate(lines):
+                assert (total, begin, end, line_whole) == (line_total, bounds[p], bounds[p + 1], int(whole)), \
+                    f"s_q {s_q} lengths {lengths[:12]} part {p} of {parts}"
+            _poison(k.spec, batch, s_q)
+            read = _run(k, case, metadata=metadata)
+            _poison(k.spec, batch, s_q)
+            cut = _run(k, case, metadata=dataclasses.replace(metadata, schedule=None))  # the same parts, cut by the CTAs
+            assert torch.equal(read[0], cut[0]) and torch.equal(read[1], cut[1]), f"s_q {s_q} lengths {lengths[:12]}"
+            result = testing.compare(k.spec, case, *read)
+            assert result.ok, f"s_q {s_q} lengths {lengths[:12]}: {result}"
+    k.check()  # no schedule was refused, no value flagged
+
+
+def test_a_schedule_of_other_lengths_is_not_used(kernels):
+    """A schedule made for lengths whose tile counts differ from the call's (the lengths changed
+    after k.plan) is refused by its key: the CTAs cut their own parts (right results), and
+    k.check() says so; lengths moved within their last tile keep the key and the schedule."""
+    k = kernels["mla"]
+    tile_n = k.plan.config.tile_n
+    old = [3 * tile_n + 5, 700, 2 * tile_n, 1] * 10
+    same_tiles = [n + 1 if n % tile_n else n for n in old]  # one more token in a tile not yet full
+    more_tiles = [n + tile_n for n in old]
+    metadata = k.plan(torch.tensor(old, dtype=torch.int32, device="cuda"), s_q=2)
+    assert metadata.schedule is not None
+    k.check()
+    case = testing.random_case(k.spec, same_tiles, 2, seed=61)
+    assert testing.compare(k.spec, case, *_run(k, case, metadata=metadata)).ok
+    k.check()  # the same tile counts: the schedule was used, nothing flagged
+    case = testing.random_case(k.spec, more_tiles, 2, seed=62)
+    out, lse = _run(k, case, metadata=metadata)
+    assert testing.compare(k.spec, case, out, lse).ok, "a stale schedule gave wrong results"
+    with pytest.raises(ValueError, match="^metadata: a schedule made by k.plan"):
+        k.check()
+    case = testing.random_case(k.spec, old[:7], 2, seed=63)  # another batch: another key
+    assert testing.compare(k.spec, case, *_run(k, case, metadata=metadata)).ok
+    with pytest.raises(ValueError, match="^metadata: "):
+        k.check()
+    other = kernels["mla_page1_h128"]  # another plan's schedule: its key differs
+    case = testing.random_case(other.spec, old, 2, seed=64)
+    assert testing.compare(other.spec, case, *_run(other, case, metadata=metadata, return_lse=True)).ok
+    with pytest.raises(ValueError, match="^metadata: "):
+        other.check()
+
+
+@pytest.mark.parametrize("name", ["mla", "gla2"])
+def test_step_schedule_in_a_cuda_graph(kernels, name):
+    """k.plan(seqlens) and the layers' calls captured together: each replay cuts the parts of that
+    step's lengths once, and every call reads them."""
+    k = kernels[name]
+    static = testing.random_case(k.spec, [4100] * 5, 2, seed=71)  # the cache holds 4100 tokens a sequence
+    metadata = k.plan(static.seqlens, s_q=2)
+    _run(k, static, metadata=metadata)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        metadata = k.plan(static.seqlens, s_q=2)
+        first = _run(k, static, metadata=metadata)
+        second = _run(k, static, metadata=metadata)
+    for lengths in ([2000, 1, 640, 65, 4097], [0, 3333, 64, 129, 1000], [4100] * 5):
+        static.seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        for out, lse in (first, second):
+            assert testing.compare(k.spec, _case_with(static, seqlens=static.seqlens.clone()), out, lse).ok, lengths
+    k.check()  # each replay's schedule was of its lengths
+
+
 @pytest.mark.parametrize("name", with_families(["gqa8", "mla_page64_h16"]))
 def test_plan_metadata_of_a_split_plan_without_a_sync(kernels, name):
     """k.plan reads no length: balanced parts without max_seqlen, splits with it; both right."""

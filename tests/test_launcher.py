@@ -40,11 +40,12 @@ int stub_calls(void) { return calls; }
 const AttnccWriteArgs* stub_last_write(void) { return &last_write; }
 int stub_writes(void) { return writes; }
 void stub_fail_with(int s) { status = s; }
+int attncc_plan_schedule(const AttnccArgs* a, void* lines) { (void)a; (void)lines; return status; }
 """
 
 FIELDS = [name for name, _ in abi.AttnccArgs._fields_]
 POINTERS = {"q", "out", "lse", "tensors", "block_table", "seqlens", "indices", "partial_out",
-            "partial_lse", "flags", "stream"}
+            "partial_lse", "flags", "stream", "schedule"}
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +158,22 @@ def test_the_launcher_packs_what_the_python_path_packs(ext, stub, source, length
     if p.num_parts or p.num_splits > 1:
         assert p.workspace is not None
     assert (p.num_parts, p.num_splits) != (0, 0)
+
+
+def test_the_step_schedule_reaches_the_launch_and_is_not_a_signature(ext, stub):
+    """k.plan's schedule (a new tensor each step) is passed through as AttnccArgs.schedule, without
+    a preparation of its own; a call without one passes NULL."""
+    k = attncc.compile(MLA_SMALL)
+    fast, prepare = make(ext, stub, k)
+    case = testing.random_case(k.spec, [5, 9], 1, device="cpu")
+    lines = torch.zeros(4 * abi.SCHEDULE_LINE_BYTES, dtype=torch.uint8)
+    fast(case.q, case.cache, case.block_table, case.seqlens, None, 0.1, -4, None, None, lines)
+    assert record(stub.dll.stub_last().contents)["schedule"] == lines.data_ptr()
+    fast(case.q, case.cache, case.block_table, case.seqlens, None, 0.1, -4, None, None)
+    assert record(stub.dll.stub_last().contents)["schedule"] is None
+    assert prepare.calls == 1 and fast.signatures() == 1
+    with pytest.raises(ValueError, match="schedule is a tensor or None"):
+        fast(case.q, case.cache, case.block_table, case.seqlens, None, 0.1, -4, None, None, [1, 2])
 
 
 def test_a_signature_is_prepared_once_and_again_when_a_shape_changes(ext, stub):

@@ -125,14 +125,17 @@ def assert_hopper_legal(plan: Plan) -> None:
         assert cfg.stages >= 2 and cfg.stages % 2 == 0  # sets of a pair's two stages
         assert plan.d_v == 64 * cfg.value_boxes == 128 * cfg.out_boxes and cfg.early_boxes == cfg.out_boxes
         assert cfg.value_boxes <= cfg.p_box < cfg.boxes
+        assert lay.key_runs == ((0, plan.d_k),) and (cfg.value_box, cfg.key_boxes) == (0, cfg.boxes)  # key = value ++ more
     else:  # stacked: 128 rows, each group 64 of them (or alternate tiles) and the whole output
         assert (cfg.tile_m, cfg.tile_n, cfg.threads) == (128, 64, 384) and plan.d_v <= 256
         assert cfg.stages >= 2 and plan.d_v == 64 * cfg.value_boxes == 64 * cfg.out_boxes
         assert cfg.early_boxes == cfg.boxes
-        # the split mode's merge goes through the Q tile: O's two halves and (m, l) per thread
-        assert 2 * (plan.d_v // 4) * 128 * 4 + 2 * 128 * 16 <= cfg.boxes * cfg.q_box_bytes
-    assert plan.d_k == 64 * cfg.boxes
-    assert lay.key_runs == ((0, plan.d_k),) and lay.value_runs == ((0, plan.d_v),)
+        # the split mode's merge goes through the Q tile's region: O's two halves and (m, l) per thread
+        assert 2 * (plan.d_v // 4) * 128 * 4 + 2 * 128 * 16 <= cfg.q_bytes
+    # the key runs of whole staged boxes, the value one; a Q row is the key's boxes
+    assert lay.staged_width == 64 * cfg.boxes and plan.d_k == 64 * cfg.key_boxes
+    assert all(c % 64 == 0 and w % 64 == 0 and c + w <= 64 * cfg.boxes for c, w in lay.key_runs)
+    assert lay.value_runs == ((64 * cfg.value_box, plan.d_v),) and cfg.value_box + cfg.value_boxes <= cfg.boxes
     assert plan.group >= 64
     for s in lay.sources:
         assert s.smem_col % 64 == 0 and s.width % 64 == 0
@@ -143,7 +146,8 @@ def assert_hopper_legal(plan: Plan) -> None:
             assert cfg.producer_registers >= 72
     assert cfg.box_bytes == 64 * 128 and cfg.q_box_bytes == cfg.tile_m * 128
     assert cfg.kv_tile_bytes == cfg.boxes * cfg.box_bytes
-    assert cfg.q_off % 1024 == 0 and cfg.kv_off == cfg.q_off + cfg.boxes * cfg.q_box_bytes
+    assert cfg.q_bytes >= cfg.key_boxes * cfg.q_box_bytes and cfg.q_bytes % 1024 == 0
+    assert cfg.q_off % 1024 == 0 and cfg.kv_off == cfg.q_off + cfg.q_bytes
     assert cfg.bar_off == cfg.kv_off + cfg.stages * cfg.kv_tile_bytes
     assert cfg.flags_off >= cfg.bar_off + 8 * (cfg.stages * (cfg.boxes + 3) + 3) and cfg.flags_off % 16 == 0
     assert cfg.flags_pitch >= 80
@@ -818,6 +822,74 @@ def test_the_stacked_schedule_takes_values_one_warp_group_holds(latent, stacked)
     k = attncc.compile(gla("g", heads=128, kv=2, latent=latent))
     assert k.plan.family == "hopper" and k.plan.config.seesaw is not stacked
     assert k.plan.config.tile_m == (128 if stacked else 64)
+
+
+def separate_kv(name, heads, kv=1, d_k=128, d_v=128, page=16, order="kv", extra=""):
+    """A GQA / MQA spec whose key and value are segments of their own (in `order` in the record)."""
+    segs = {"k": f"k: bf16[{d_k}]", "v": f"v: bf16[{d_v}]"}
+    return (f"attention {name} {{\n    heads q = {heads}, kv = {kv}\n    cache paged({page}) "
+            f"{{ {segs[order[0]]}  {segs[order[1]]} }}\n    key = k\n    value = v\n}}\n{extra}")
+
+
+@pytest.mark.parametrize("d_k, d_v, order, key_box, value_box", [
+    (256, 256, "kv", 0, 4), (128, 128, "kv", 0, 2), (64, 64, "vk", 1, 0), (128, 64, "vk", 1, 0), (64, 256, "kv", 0, 1)])
+def test_the_stacked_schedule_takes_a_key_and_value_of_their_own(d_k, d_v, order, key_box, value_box):
+    """MQA / GQA: S = Q K^T reads the key's boxes and O += P V the value's, wherever each is staged
+    (hopper/tile.cuh scores_issue, stacked.cuh); a Q row is the key's boxes."""
+    k = attncc.compile(separate_kv("s", heads=128, d_k=d_k, d_v=d_v, order=order))
+    cfg = k.plan.config
+    assert k.plan.family == "hopper" and not cfg.seesaw
+    assert k.plan.layout.key_runs == ((64 * key_box, d_k),)
+    assert (cfg.key_boxes, cfg.value_box, cfg.value_boxes) == (d_k // 64, value_box, d_v // 64)
+    assert cfg.boxes == (d_k + d_v) // 64 and cfg.kv_tile_bytes == cfg.boxes * 8192
+    assert_hopper_legal(k.plan)
+
+
+def test_the_q_region_holds_the_split_merge_where_the_key_is_narrower():
+    """A key of 128 columns is a 32 KB Q tile; the split mode's merge (s_q 1, 64 rows: half of
+    each group's O and its (m, l)) needs 36 KB, so the region is the merge's, rounded to 1 KB."""
+    cfg = attncc.compile(separate_kv("s", heads=64, d_k=128, d_v=128)).plan.config
+    assert cfg.key_boxes * cfg.q_box_bytes == 32768
+    assert cfg.q_bytes == 2 * 32 * 128 * 4 + 2 * 128 * 16 == cfg.kv_off - cfg.q_off == 36864
+
+
+def test_the_overlap_of_a_narrow_value_leaves_the_producer_72_registers():
+    k = attncc.compile(separate_kv("s", heads=128, kv=2, page=5))
+    cfg = k.plan.config
+    assert cfg.overlap and (cfg.consumer_registers, cfg.producer_registers) == (216, 72)
+    assert "a value of at most 128 columns with the overlap: 216" in k.explain()
+    wide = attncc.compile(separate_kv("w", heads=128, d_k=256, d_v=256, page=5)).plan.config
+    assert wide.overlap and (wide.consumer_registers, wide.producer_registers) == (232, 40)
+
+
+def test_the_seesaw_knob_on_a_key_and_value_of_their_own_is_not_applied_and_says_why():
+    text = separate_kv("s", heads=128, extra="schedule s {\n    seesaw\n}\n")
+    with pytest.warns(UserWarning, match="`seesaw` is not yet applied: attncc runs `s` on the mma_sync family"):
+        k = attncc.compile(text)
+    why = dict(k.plan.refused)["hopper"]
+    assert "the seesaw needs the value to be the first staged columns" in why and "takes separate ones" in why
+
+
+def test_the_stacked_schedule_takes_a_key_of_several_runs_gta_shaped():
+    """GTA: key = tied[0:64] ++ rope, value = tied: the key's boxes 0 and 2 of the staged row
+    (tied, rope), read in that order against the Q tile's columns 0 and 64."""
+    text = """attention g {
+    heads q = 128, kv = 2
+    cache paged(16) { tied: bf16[128]  rope: bf16[64] shared }
+    key = tied[0:64] ++ rope
+    value = tied
+}"""
+    k = attncc.compile(text)
+    cfg = k.plan.config
+    assert k.plan.family == "hopper" and not cfg.seesaw and k.plan.layout.key_runs == ((0, 64), (128, 64))
+    assert (cfg.boxes, cfg.key_boxes, cfg.value_box, cfg.value_boxes) == (3, 2, 0, 2)
+    assert_hopper_legal(k.plan)
+
+
+def test_hopper_refuses_a_key_off_whole_boxes_and_says_where():
+    k = compile_quiet(separate_kv("s", heads=128).replace("key = k", "key = k ++ v[0:32]"))
+    assert k.plan.family == "mma_sync"
+    assert "needs a key of whole 64-column boxes; it has a run of 160 from staged column 0" in dict(k.plan.refused)["hopper"]
 
 
 def test_the_stacked_schedule_refuses_a_value_of_no_wgmma_n():

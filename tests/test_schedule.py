@@ -36,7 +36,9 @@ def walk(tmp_path_factory):
                    check=True, capture_output=True, text=True)
 
     def run(cases):
-        text = "".join(f"{parts} {' '.join(map(str, tiles))}\n" for parts, tiles in cases)
+        # a case: (parts, tiles), (parts, tiles, slack): whole_parts_fit's slack in tiles, or
+        # (parts, tiles, slack, cost): a piece's cost on the line
+        text = "".join(f"{c[0]}{''.join(f':{x}' for x in c[2:])} {' '.join(map(str, c[1]))}\n" for c in cases)
         out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout
         results, pieces, combine, mode = [], [], {}, None
         for line in out.splitlines():
@@ -58,25 +60,30 @@ def walk(tmp_path_factory):
     return run
 
 
-def _check(parts, tiles, pieces, combine, whole):
-    total = sum(tiles)
-    label = f"parts={parts} tiles={tiles}"
-    bounds, expect_whole = split.whole_parts(tiles, parts)  # the host's statement of the rule
+def _check(parts, tiles, pieces, combine, whole, slack=-1, cost=0):
+    line = split.line_lengths(tiles, cost)  # each sequence's length on the line: its tiles and a piece's cost
+    starts = [sum(line[:s]) for s in range(len(line))]
+    total = sum(line)
+    label = f"parts={parts} slack={slack} cost={cost} tiles={tiles}"
+    bounds, expect_whole = split.whole_parts(tiles, parts, slack, cost)  # the host's statement of the rule
     assert whole == expect_whole, f"{label}: whole-sequence parts {whole}, the model says {expect_whole}"
     if whole:
-        _check_whole(parts, tiles, pieces, combine, bounds, label)
+        _check_whole(parts, tiles, pieces, combine, bounds, label, slack, line)
         return
     by_seq = {s: [] for s in range(len(tiles))}
     by_part = {p: [] for p in range(parts)}
-    part_tiles = [0] * parts
     for part, seq, lo, hi, slot in pieces:
         by_seq[seq].append((part, lo, hi, slot))
         by_part[part].append(slot)
-        part_tiles[part] += hi - lo
+        # the parts cut the line into equal lengths (to a tile), and a piece is the part's stretch of
+        # the sequence's tiles, which follow its piece's cost on the line
+        begin, end = part * total // parts, (part + 1) * total // parts
+        first = starts[seq] + (cost if tiles[seq] else 0)
+        if tiles[seq]:
+            assert (lo, hi) == (max(first, begin) - first, min(first + tiles[seq], end) - first), \
+                f"{label}: part {part} [{begin}, {end}) seq {seq} at {first}: [{lo}, {hi})"
     # only a part's first and last pieces are partial (slots 2 p and 2 p + 1)
     assert all(s == -1 for slots in by_part.values() for s in slots[1:-1]), label
-    # the parts cut the line into equal lengths (to a tile)
-    assert part_tiles == [(p + 1) * total // parts - p * total // parts for p in range(parts)], label
     written = []
     for seq, n in enumerate(tiles):
         got = by_seq[seq]
@@ -97,18 +104,20 @@ def _check(parts, tiles, pieces, combine, whole):
     assert all(0 <= s < 2 * parts for s in written), label
 
 
-def _check_whole(parts, tiles, pieces, combine, bounds, label):
+def _check_whole(parts, tiles, pieces, combine, bounds, label, slack, line):
     """Whole-sequence parts: each sequence one piece, written directly, in part order; the
-    parts as the model cuts them, none longer than 17/16 of the even length."""
+    parts as the model cuts them (on the line: tiles and pieces' costs), none longer than 17/16
+    of the even length nor, with a slack, more than slack over it."""
     assert sorted(seq for _, seq, *_ in pieces) == list(range(len(tiles))), f"{label}: {pieces}"
     assert all(lo == 0 and hi == tiles[seq] and slot == -1 for _, seq, lo, hi, slot in pieces), f"{label}: {pieces}"
     assert [p for p, *_ in pieces] == sorted(p for p, *_ in pieces), f"{label}: parts out of order"
     assert all(slots is None for slots in combine.values()), f"{label}: {combine}"
-    part_tiles = [0] * parts
-    for part, _, lo, hi, _ in pieces:
-        part_tiles[part] += hi - lo
-    assert part_tiles == [b - a for a, b in zip(bounds, bounds[1:])], f"{label}: {part_tiles} {bounds}"
-    assert max(part_tiles) * parts * 16 <= sum(tiles) * 17, label
+    part_line = [0] * parts
+    for part, seq, *_ in pieces:
+        part_line[part] += line[seq]
+    assert part_line == [b - a for a, b in zip(bounds, bounds[1:])], f"{label}: {part_line} {bounds}"
+    assert max(part_line) * parts * 16 <= sum(line) * 17, label
+    assert slack < 0 or max(part_line) * parts <= sum(line) + slack * parts, label
 
 
 def test_fixed_cases(walk):
@@ -120,6 +129,27 @@ def test_fixed_cases(walk):
     ]
     for (parts, tiles), (pieces, combine, whole) in zip(cases, walk(cases)):
         _check(parts, tiles, pieces, combine, whole)
+
+
+def test_a_piece_costs_its_part_tiles(walk):
+    """With a piece's cost c on the line (core/schedule.cuh line_length), a part that holds a
+    sequence's start holds c fewer of its tiles: MLA b = 8 s_k 32768 on 66 parts, the 8 parts that
+    start a sequence hold 57-58 tiles against 62-63; a cut in a sequence's cost leaves that part no
+    piece of it (3 parts of [10, 10] at c 5: part 1 ends where the second sequence's tiles begin)."""
+    cases = [(66, [512] * 8, -1, 5), (3, [10, 10], -1, 5), (4, [0, 7, 0, 1, 300], -1, 5), (5, [1] * 9, -1, 40),
+             (66, [128] * 128, 16, 5), (33, [512] * 128, 16, 5)]
+    results = walk(cases)
+    for (parts, tiles, slack, cost), (pieces, combine, whole) in zip(cases, results):
+        _check(parts, tiles, pieces, combine, whole, slack, cost)
+    pieces, _, whole = results[0]
+    assert not whole
+    starts = {p for p, _, lo, _, _ in pieces if lo == 0}  # the parts that hold a sequence's start
+    held = {p: sum(hi - lo for q, _, lo, hi, _ in pieces if q == p) for p in range(66)}
+    assert len(starts) == 8 and {held[p] for p in starts} <= {57, 58}, held
+    assert {held[p] for p in range(66) if p not in starts} <= {62, 63}, held
+    pieces, _, _ = results[1]
+    assert [(p, seq, lo, hi) for p, seq, lo, hi, _ in pieces] == [(0, 0, 0, 5), (1, 0, 5, 10), (2, 1, 0, 10)]
+    assert results[4][2] and not results[5][2]  # whole parts at 15.5 over T / P, not at 62
 
 
 def test_random_ragged_batches(walk):
@@ -137,9 +167,9 @@ def test_random_ragged_batches(walk):
             tiles = [rng.choice([0, 1, rng.randrange(2, 2000)]) for _ in range(size)]
         else:
             tiles = [rng.randrange(0, 300)] * rng.choice([size, parts, parts - 1, 2 * parts - 2])  # uniform
-        cases.append((parts, tiles))
-    for (parts, tiles), (pieces, combine, whole) in zip(cases, walk(cases)):
-        _check(parts, tiles, pieces, combine, whole)
+        cases.append((parts, tiles, rng.choice([-1, -1, 0, 1, 4, 16, 100]), rng.choice([0, 0, 1, 5, 40])))
+    for (parts, tiles, slack, cost), (pieces, combine, whole) in zip(cases, walk(cases)):
+        _check(parts, tiles, pieces, combine, whole, slack, cost)
 
 
 def test_whole_sequence_parts(walk):
@@ -154,6 +184,19 @@ def test_whole_sequence_parts(walk):
     for ((parts, tiles), expect), (pieces, combine, whole) in zip(cases, walk([c for c, _ in cases])):
         assert whole == expect, f"parts={parts} b={len(tiles)}: whole {whole}"
         _check(parts, tiles, pieces, combine, whole)
+
+
+def test_whole_parts_with_a_slack_in_tiles(walk):
+    """A compute-bound launch (work.cuh whole_slack_tiles) also bounds the longest whole part to
+    slack tiles over T / P: MLA b = 128 at s_q 2 (33 parts) takes whole parts at s_k 8192 (128
+    tiles a sequence, 15.5 over) with a slack of 16 and not at 32768 (512, 62 over); at s_q 1 (66
+    parts, no slack) 32768 stays whole (31 over); a slack of 0 takes only exact parts."""
+    cases = [((33, [128] * 128, 16), True), ((33, [512] * 128, 16), False), ((33, [512] * 128, -1), True),
+             ((66, [512] * 128, -1), True), ((66, [512] * 128, 16), False), ((66, [40] * 132, 0), True),
+             ((33, [128] * 128, 0), False), ((33, [32] * 256, 16), True)]
+    for ((parts, tiles, slack), expect), (pieces, combine, whole) in zip(cases, walk([c for c, _ in cases])):
+        assert whole == expect, f"parts={parts} b={len(tiles)} slack={slack}: whole {whole}"
+        _check(parts, tiles, pieces, combine, whole, slack)
 
 
 def test_the_check_catches_a_broken_walk(walk):

@@ -165,7 +165,8 @@ class Launcher {
 
   // (out, lse), or None when the call is the Python path's.
   py::object call(py::handle q, py::handle cache, py::handle block_table, py::handle seqlens,
-                  py::handle indices, double scale, int64_t num_splits, py::handle out, py::handle lse) {
+                  py::handle indices, double scale, int64_t num_splits, py::handle out, py::handle lse,
+                  py::handle schedule) {
     // a local signature: prepare runs Python, which may let another thread call in meanwhile
     Signature sig;
     sig.reserve(64);
@@ -199,6 +200,13 @@ class Launcher {
     a.indices = tidx.defined() ? static_cast<const int*>(tidx.data_ptr()) : nullptr;
     a.partial_out = workspace.defined() ? static_cast<float*>(workspace.data_ptr()) : nullptr;
     a.partial_lse = workspace.defined() ? a.partial_out + e.partial_lse_offset : nullptr;
+    // the step's schedule (k.plan's, Kernel checked its device; not a part of the signature: a
+    // new one each step): the kernels check its key and cut the line themselves where it differs
+    a.schedule = nullptr;
+    if (!schedule.is_none()) {
+      if (!THPVariable_Check(schedule.ptr())) throw std::invalid_argument("attncc launcher: schedule is a tensor or None");
+      a.schedule = THPVariable_Unpack(schedule.ptr()).data_ptr();
+    }
     a.softmax_scale = static_cast<float>(scale);
     a.stream = reinterpret_cast<void*>(stream_of_(device.index()).cast<uintptr_t>());
     const int status = launch_(&a);
@@ -328,7 +336,7 @@ PYBIND11_MODULE(attncc_launcher, m) {
            py::arg("stream_of"), py::arg("fail"))
       .def("__call__", &Launcher::call, py::arg("q"), py::arg("cache"), py::arg("block_table"),
            py::arg("seqlens"), py::arg("indices"), py::arg("scale"), py::arg("num_splits"),
-           py::arg("out"), py::arg("lse"))
+           py::arg("out"), py::arg("lse"), py::arg("schedule") = py::none())
       .def("signatures", &Launcher::signatures, "signatures remembered")
       .def("forget", &Launcher::forget, "forget every signature (the next calls prepare again)");
   py::class_<WriteLauncher>(m, "WriteLauncher")

@@ -45,6 +45,11 @@ class KernelConfig:
                          # 65,536 / (256 x this), rounded down to 8)
     whole_parts: bool    # part mode: the parts hold whole sequences where the lengths are even
                          # enough (core/schedule.cuh), or always cut
+    whole_tight_rows: int   # rows a sequence (s_q x group; sparse: the group) from which a launch is
+                            # compute-bound: its whole parts also within whole_slack_tiles of T / P
+    whole_slack_tiles: int  # (core/work.cuh whole_slack_tiles)
+    piece_cost_tiles: int   # part mode: a piece's fixed cost in tiles, charged on the line before
+                            # each sequence's tiles (core/schedule.cuh line_length)
     why: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def choices(self) -> dict:
@@ -89,6 +94,47 @@ WHOLE_PARTS_WHY = (
     "whole_parts", "on: where the lengths are even enough the parts hold whole sequences, nothing to merge "
     "(same-process A/B, H100, b=128 s_k 8192 against cut parts: MLA s_q 1 0.932, h_q 64 0.937, GLA-2 s_q 2 "
     "0.952, s_q 1 0.936, sparse fp8 s_q 1 0.957)")
+
+
+RIDGE_FLOPS_PER_BYTE = 295   # where a launch turns compute-bound: the H100's 989 TFLOP/s (dense
+                              # bf16) over its 3.35 TB/s (the H200's 4.8 TB/s puts it at 206)
+WHOLE_SLACK_TOKENS = 1280     # a compute-bound launch's whole parts at most this far over T / P (on the
+                              # line: MLA b = 128 s_q 2 whole 0.986 of cut at 15.5 tiles over, plus 4 pieces'
+                              # cost since session 43; cut won from 31 over)
+
+
+def whole_slack(spec, tile_n: int) -> tuple[int, int, tuple[tuple[str, str], ...]]:
+    """Where whole-sequence parts are also bounded in tiles (core/schedule.cuh): the rows a
+    sequence (s_q x group; sparse: the group) from which a launch's FLOPs per cache byte reach
+    RIDGE_FLOPS_PER_BYTE, and the slack in tiles there. At or under the ridge the SMs whole parts
+    leave idle give their share of HBM to the rest; over it each extra tile costs its time (H100,
+    MLA b = 128 s_k 32768 whole against cut parts: s_q 1, 242 FLOPs a byte, 31 tiles over T / P,
+    0.981; s_q 2, 484, 62 over, 1.016; s_q 2 s_k 8192, 15.5 over, 0.986; bench/RESULTS.md,
+    session 42)."""
+    rows = -(-RIDGE_FLOPS_PER_BYTE * spec.group // spec.intensity) if spec.intensity > 0 else 1 << 30
+    rows = max(1, int(rows))
+    tiles = max(1, WHOLE_SLACK_TOKENS // tile_n)
+    return rows, tiles, (("whole_slack_tiles", f"{WHOLE_SLACK_TOKENS} tokens of {tile_n}"), ("whole_tight_rows", f"{rows} rows a sequence ({rows / spec.group:.2f} x the group): "
+                         f"{spec.intensity / spec.group * rows:.0f} FLOPs a cache byte, over the ridge "
+                         f"({RIDGE_FLOPS_PER_BYTE}, the H100's): there whole parts also at most {tiles} tiles "
+                         f"({WHOLE_SLACK_TOKENS} tokens) over the even length (H100, MLA b=128 s_k 32768 whole "
+                         "against cut: s_q 1 0.981, s_q 2 1.016)"))
+
+
+PIECE_COST_TILES = 5  # a piece's fixed cost on a compute-bound plan's line, in 64-token tiles
+
+
+def piece_cost(measured: bool) -> tuple[int, tuple[str, str]]:
+    """A piece's fixed cost in tiles on part mode's line (core/schedule.cuh), and why: Q's load,
+    the pipeline's fill and drain and the epilogue's stores. Measured on the Hopper family
+    (H100, MLA b = 8 s_k 32768: the parts of two pieces ended ~9.6 us after those of one, ~5
+    tiles' time; bench/RESULTS.md session 43); 0 (the line of tiles alone) on a family where
+    it was not (`measured` false)."""
+    if not measured:
+        return 0, ("piece_cost_tiles", "0: not measured on this family (the line is the tiles alone)")
+    return PIECE_COST_TILES, ("piece_cost_tiles", f"{PIECE_COST_TILES}: a part holding a sequence's start holds that "
+                              "many fewer tiles (MLA b=8 s_k 32768, H100: the parts of two pieces ended ~9.6 us, "
+                              "~5 tiles, after those of one)")
 
 
 def combine_blocks(spec, ready: bool) -> tuple[int, tuple[str, str]]:

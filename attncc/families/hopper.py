@@ -59,7 +59,7 @@ from ..ir import DTYPES, Spec
 from ..layout import Layout
 from ..target import Target
 from .base import (DEPENDENT_LAUNCH_WHY, WALK_OFFSET, WHOLE_OFFSET, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal,
-                   combine_blocks, misaligned, ready_words)
+                   combine_blocks, misaligned, piece_cost, ready_words, whole_slack)
 
 BOX_COLS = 64          # a 128B-swizzled box: 64 16-bit columns (128 bytes) a row
 TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by both consumer warp groups
@@ -83,6 +83,9 @@ STACKED_PRODUCER_REGISTERS = 56   # kernels spill 4-8 bytes; its producer, one s
 STACKED_OVERLAP_REGISTERS = (232, 232, 40)  # stacked with the overlap: 2 x 128 x 232 + 128 x 40 = 64,512 (its
                                             # parts kernels spilled 28 bytes at 224; a producer of one-page TMA
                                             # tiles fits 40)
+NARROW_OVERLAP_REGISTERS = (216, 216, 72)   # ... where the value is at most 128 wide (O 64 registers a thread): the
+                                            # producer of cp.async tiles from two per-head runs at page 5 spilled 8
+                                            # bytes at 40 (ptxas, gqa_g64_page5)
 WORK_BYTES = 256       # the work stash (base.py: CtaWork, the consumers' walk, the whole word), then the
 PRODUCER_WALK_OFFSET = 128  # producer's part walk (12 ints) here
 BARRIER_BYTES = 8      # an mbarrier
@@ -132,14 +135,17 @@ class HopperConfig(KernelConfig):
     spread_copies: bool       # a one-page TMA tile's box copies issued by the producer's four warps in turn (box b
                               # by lane 0 of warp b % 4), not all by thread 0
     overlap: bool             # stacked, rows mode: a group issues tile i + 1's S = Q K^T before tile i's softmax
-    boxes: int                # 64-column boxes of a staged token row (= of a Q row)
-    value_boxes: int          # ... of them the value's (the first)
+    boxes: int                # 64-column boxes of a staged token row
+    key_boxes: int            # ... the key's, of its runs in order (= the boxes of a Q row; the seesaw: all)
+    value_box: int            # ... the value's first (the seesaw: 0), and
+    value_boxes: int          # ... how many
     out_boxes: int            # ... of a consumer warp group's output (seesaw: half the value; stacked: all)
     early_boxes: int          # a stage's first boxes, released by EMPTY early (seesaw: WG0's half of
                               # the value; stacked: all), the rest by EMPTY late
-    p_box: int                # the key-only box of a stage that holds that tile's P (seesaw)
+    p_box: int                # the key-only box of a stage that holds that tile's P (seesaw; stacked -1)
     box_bytes: int            # one box of a tile: tile_n rows x 128 bytes
     q_box_bytes: int          # one box of the Q tile: tile_m rows x 128 bytes
+    q_bytes: int              # the Q tile's region (stacked: or the split mode's exchange, where larger)
     kv_tile_bytes: int
     q_off: int                # shared-memory regions, bytes from the base (1024-aligned tiles)
     kv_off: int
@@ -166,8 +172,8 @@ class HopperFamily(Family):
     targets = ("sm90a",)
     honours = frozenset({"tile", "stages", "seesaw", "crossover"})
     tolerates = frozenset()
-    limits = ("value 128, 256 or 512 wide (the seesaw's two halves), key = value ++ more, on "
-              "64-column boxes", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16, from one packed record tensor",
+    limits = ("value 64, 128 or 256 wide (stacked) or 128, 256 or 512 (the seesaw's two halves), one run of "
+              "64-column boxes; key runs of whole boxes (the seesaw: key = value ++ more)", "bf16 queries; 16-bit runs, or fp8 runs of whole 128-value box pairs with scale groups of multiples of 16, from one packed record tensor",
               f"a group of >= {TILE_M} query heads (one 64-row wgmma tile at s_q 1)",
               f"tile q = {TILE_M} (seesaw) or {STACKED_TILE_M} (stacked), kv = {TILE_N}; the seesaw's stages a "
               f"multiple of {PAIR_STAGES} (pairs of tiles)")
@@ -184,11 +190,21 @@ class HopperFamily(Family):
             raise Refusal(f"the stacked schedule holds a value of {', '.join(map(str, HALF_COLS))} columns "
                           f"(a wgmma N of whole boxes) in one warp group; this value is {spec.d_v} wide",
                           spec.span_of("value"))
-        if tuple(layout.value_runs) != ((0, spec.d_v),) or tuple(layout.key_runs) != ((0, spec.d_k),):
-            raise Refusal("needs the value to be the first staged columns and the key all of "
-                          "them (key = value ++ more)", spec.span_of("key"))
-        if spec.d_k % BOX_COLS or spec.d_k <= spec.d_v:
-            raise Refusal(f"needs a key of whole {BOX_COLS}-column boxes wider than the value "
+        if len(layout.value_runs) != 1:
+            raise Refusal(f"needs the value to be one run of staged columns (the B operand of O += P V); this one is "
+                          f"{len(layout.value_runs)} runs", spec.span_of("value"))
+        if off := [f"{w} from staged column {c}" for c, w in layout.key_runs if c % BOX_COLS or w % BOX_COLS]:
+            raise Refusal(f"needs a key of whole {BOX_COLS}-column boxes; it has a run of {off[0]}", spec.span_of("key"))
+        (key_col, _), (value_col, _) = layout.key_runs[0], layout.value_runs[0]
+        if value_col % BOX_COLS:
+            raise Refusal(f"needs a value of whole {BOX_COLS}-column boxes; it starts at staged column {value_col}",
+                          spec.span_of("value"))
+        if self._seesaw(spec) and (len(layout.key_runs), key_col, value_col) != (1, 0, 0):
+            raise Refusal("the seesaw needs the value to be the first staged columns and the key all of "
+                          "them (key = value ++ more: P goes in a key-only box); the stacked schedule "
+                          f"(a value of at most {STACKED_MAX_COLS} columns) takes separate ones", spec.span_of("key"))
+        if self._seesaw(spec) and spec.d_k <= spec.d_v:
+            raise Refusal(f"the seesaw needs a key of whole {BOX_COLS}-column boxes wider than the value "
                           f"(P goes in a key-only box); it is {spec.d_k}", spec.span_of("key"))
         for src in layout.sources:
             if src.smem_col % BOX_COLS or src.width % BOX_COLS:
@@ -329,15 +345,22 @@ class HopperFamily(Family):
         sched = spec.schedule
         seesaw, tile_m = self._seesaw(spec), self._tile_m(spec)
         crossover = sched.crossover
-        boxes = spec.d_k // BOX_COLS
+        boxes = layout.staged_width // BOX_COLS
+        value_box = layout.value_runs[0][0] // BOX_COLS
+        key_boxes = spec.d_k // BOX_COLS
         box_bytes = TILE_N * BOX_COLS * 2
         q_box_bytes = tile_m * BOX_COLS * 2
         kv_tile = boxes * box_bytes
+        # the Q tile's region, which the stacked split mode's merge reuses for its exchange (stacked.cuh:
+        # half of each group's O and its (m, l)): a key as narrow as the value (separate key and value)
+        # needs more than the Q tile
+        exchange = 0 if seesaw else 2 * (spec.d_v // 4) * GROUP_THREADS * 4 + 2 * GROUP_THREADS * 16
+        q_bytes = -(-max(key_boxes * q_box_bytes, exchange) // 1024) * 1024
         records, records_why = self._scale_records(layout)
 
         def regions(stages: int) -> dict:
             q_off = 0
-            kv_off = q_off + boxes * q_box_bytes
+            kv_off = q_off + q_bytes
             bar_off = kv_off + stages * kv_tile
             # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs
             # between the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
@@ -374,7 +397,7 @@ class HopperFamily(Family):
             # stages as fit beside the 128-row Q tile, up to MAX_STACKED_STAGES
             stages = max([n for n in range(2, MAX_STACKED_STAGES + 1) if fits(n)] or [2])
             stages_why = (f"as many tiles in flight as fit beside the {tile_m}-row Q tile "
-                          f"({boxes} x {q_box_bytes} B), up to {MAX_STACKED_STAGES}")
+                          f"({q_bytes} B), up to {MAX_STACKED_STAGES}")
         r = regions(stages)
         smem = r.pop("smem")
         if smem > target.smem_per_block:
@@ -469,6 +492,8 @@ class HopperFamily(Family):
             ("consumer_registers", "relay, WG0: O_L (128) + S (32) and the rest: 184 spilled (ptxas)" if relay else
              f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
              "spills (ptxas)" + ("" if seesaw else "; 216 leaves the fp8 producer 72" if layout.fp8
+                                 else "; a value of at most 128 columns with the overlap: 216, which leaves the "
+                                 "producer 72" if overlap and spec.d_v <= 128
                                  else "; the overlap's parts kernels: 224 spilled 28 bytes" if overlap
                                  else "; the split mode's merge: 216 spilled")),
             ("wg1_registers", "relay, WG1: O_R (128) and the rest: at 152 ptxas ignores the setmaxnreg" if relay
@@ -476,6 +501,8 @@ class HopperFamily(Family):
             ("producer_registers", "what the relay's consumers leave of 168 x 384" if relay
              else "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
              else "the fp8 conversion of a box pair (4 tokens): 56 spilled with its loads in registers (ptxas, session 18)" if layout.fp8
+             else "what consumers of a value of at most 128 columns leave of 168 x 384: 40 spilled 8 bytes "
+             "(cp.async tiles from two per-head runs at page 5, ptxas)" if overlap and spec.d_v <= 128
              else "what the consumers leave of the launch's 168 x 384: a producer of one- or two-page TMA tiles "
              "(a tile's validity kept in its token, no bool of its own) or of cp.async tiles (a run's boxes on one "
              "base) fits 40 (ptxas)" if overlap
@@ -506,6 +533,12 @@ class HopperFamily(Family):
              "not chosen: at 224 registers its parts kernels spilled 28 bytes, and this producer (four page numbers "
              "a tile, or fp8 conversion) needs more than 40 (ptxas)"),
             ("scale_record_bytes", records_why),
+            ("key_boxes", "the key is the staged row's boxes " + " ++ ".join(
+                f"{c // BOX_COLS}" + (f"-{(c + w) // BOX_COLS - 1}" if w > BOX_COLS else "") for c, w in layout.key_runs)
+             + ", read by S = Q K^T in the stage's order against the Q row's columns in the key's"),
+            ("value_box", f"the value is the staged row's boxes {value_box}-{value_box + spec.d_v // BOX_COLS - 1} "
+             "(O += P V's operand)" + ("" if seesaw else "; the stage's boxes are all waited for before S is "
+                                       "done, so a value apart from the key has landed when O += P V reads it")),
             ("early_boxes", "the value's left half, read last by WG0, released apart" if seesaw else
              "every box: both groups (or the tile's one) release the stage after O += P V"),
             ("compute_bound", f"a {tile_m}-row tile reads each token once for {tile_m} rows"),
@@ -523,16 +556,19 @@ class HopperFamily(Family):
             "whole_parts", "off: the seesaw's paged cp.async producer ran a part's whole sequences ~5 % slower than "
             "the same sequences as CTAs of their own (same-process A/B, H100, MLA page 1 b=128 s_k 8192: this "
             "plan 0.947 (s_q 2) and 0.983 (s_q 1) of the time with whole parts on)")
+        tight_rows, slack_tiles, slack_why = whole_slack(spec, TILE_N)
+        cost, cost_why = piece_cost(True)
         wg0_regs, wg1_regs, producer_regs = (
             RELAY_REGISTERS if relay else
             (CONSUMER_REGISTERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS) if seesaw or layout.fp8 else
+            NARROW_OVERLAP_REGISTERS if overlap and spec.d_v <= 128 else
             STACKED_OVERLAP_REGISTERS if overlap else
             (STACKED_CONSUMER_REGISTERS, STACKED_CONSUMER_REGISTERS, STACKED_PRODUCER_REGISTERS))
         return HopperConfig(
             tile_m=tile_m, tile_n=TILE_N, stages=stages, threads=threads, smem_bytes=smem,
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, combine_blocks=blocks,
-            whole_parts=whole, seesaw=seesaw, crossover=crossover,
+            whole_parts=whole, whole_tight_rows=tight_rows, whole_slack_tiles=slack_tiles, piece_cost_tiles=cost, seesaw=seesaw, crossover=crossover,
             value_first=converts and not relay, slots_ahead=converts, relay=relay,
             skip_unmoved=skips_unmoved(seesaw=seesaw, relay=relay),
             group_fence=group_fence,
@@ -540,9 +576,10 @@ class HopperFamily(Family):
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
             spread_copies=one_page_tma and not seesaw, overlap=overlap,
-            boxes=boxes, value_boxes=spec.d_v // BOX_COLS, out_boxes=out_cols // BOX_COLS,
-            early_boxes=out_cols // BOX_COLS if seesaw else boxes,
-            p_box=spec.d_v // BOX_COLS, box_bytes=box_bytes, q_box_bytes=q_box_bytes, kv_tile_bytes=kv_tile,
+            boxes=boxes, key_boxes=key_boxes, value_box=value_box, value_boxes=spec.d_v // BOX_COLS,
+            out_boxes=out_cols // BOX_COLS, early_boxes=out_cols // BOX_COLS if seesaw else boxes,
+            p_box=spec.d_v // BOX_COLS if seesaw else -1, box_bytes=box_bytes, q_box_bytes=q_box_bytes, q_bytes=q_bytes,
+            kv_tile_bytes=kv_tile,
             scale_record_bytes=records,
             **r,
-            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why, blocks_why, whole_why))
+            consumer_barrier=1, producer_barrier=2, barriers=3, why=why + (ready_why, blocks_why, whole_why) + slack_why + (cost_why,))

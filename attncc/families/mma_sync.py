@@ -18,7 +18,7 @@ from ..ir import SCALE_BYTES, Spec
 from ..layout import CHUNK_BYTES, Layout
 from ..target import Target
 from .base import (DEPENDENT_LAUNCH_WHY, WALK_OFFSET, WHOLE_OFFSET, WHOLE_PARTS_WHY, Family, KernelConfig, Refusal,
-                   combine_blocks, misaligned, ready_words)
+                   combine_blocks, misaligned, piece_cost, ready_words, whole_slack)
 
 MAX_ACC_REGS = 128    # fp32 output accumulators per thread (255 registers, no spills)
 MAX_SCORE_REGS = 32   # fp32 scores per thread
@@ -425,11 +425,13 @@ class MmaSyncFamily(Family):
         regs = min(target.max_registers_per_thread, target.registers_per_sm // threads)
         ready, ready_why = ready_words(spec, target)
         blocks, blocks_why = combine_blocks(spec, ready)
+        tight_rows, slack_tiles, slack_why = whole_slack(spec, tile_n)
+        cost, cost_why = piece_cost(False)
         return MmaSyncConfig(
             tile_m=tile_m, tile_n=tile_n, stages=stages, threads=threads,
             smem_bytes=s["smem_bytes"], registers=regs, compute_bound=bound,
             dependent_launch=target.dependent_launch, ready_words=ready, combine_blocks=blocks,
-            whole_parts=True, warps=warps, warp_rows=wr, warps_m=wm, warps_n=wn, m_tiles=mt, tokens_per_warp=tok,
+            whole_parts=True, whole_tight_rows=tight_rows, whole_slack_tiles=slack_tiles, piece_cost_tiles=cost, warps=warps, warp_rows=wr, warps_m=wm, warps_n=wn, m_tiles=mt, tokens_per_warp=tok,
             score_n_tiles=nts, value_cols_per_warp=cols, value_n_tiles=nto, acc_registers=acc,
             raw_staging=raw, qk_split=qk_split, qk_n_tiles=qk_n_tiles, qk_steps=qk_steps,
             qk_chains=qk_chains, pair_slot_bytes=mt * nts * 4 // 2 * 4 * 32,
@@ -447,4 +449,4 @@ class MmaSyncFamily(Family):
             why=tuple(why) + (("registers", f"launch bounds ({threads} threads, 1 CTA): "
                                f"{regs} per thread"),
                               DEPENDENT_LAUNCH_WHY[target.dependent_launch], ready_why, blocks_why,
-                              WHOLE_PARTS_WHY))
+                              WHOLE_PARTS_WHY) + slack_why + (cost_why,))

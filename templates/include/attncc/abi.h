@@ -12,6 +12,7 @@
  *     int attncc_ctas_per_sm(void);                decode CTAs one SM holds at once (0: unknown)
  *     int attncc_write_args_size(void);            sizeof(AttnccWriteArgs) the library was built with
  *     int attncc_write_cache(const AttnccWriteArgs* args);  write_cache's kernel; a cudaError_t
+ *     int attncc_plan_schedule(const AttnccArgs* args, void* lines);  a step's schedule; a cudaError_t
  *
  * and nothing else; the host (Python, through ctypes or a thin binding) fills this struct with
  * device pointers and sizes, after checking the first two (and the write size) against its own (attncc/abi.py reads
@@ -43,7 +44,7 @@
 extern "C" {
 #endif
 
-#define ATTNCC_ABI_VERSION 3
+#define ATTNCC_ABI_VERSION 4
 #define ATTNCC_MAX_TENSORS 8
 #define ATTNCC_MAX_SEGMENTS 8  /* segments of a record write_cache's kernel takes (more: torch ops) */
 
@@ -52,6 +53,10 @@ extern "C" {
 #define ATTNCC_FLAG_PAGE 2    /* block_table: a page number outside [0, num_pages) */
 #define ATTNCC_FLAG_SEQLEN 4  /* seqlens: a length outside [0, block_table_cols * page size] */
 #define ATTNCC_FLAG_INDEX 8   /* indices: an index outside [-1, num_pages * page size) */
+#define ATTNCC_FLAG_SCHEDULE 16  /* schedule: made for other lengths or shapes (not used: the CTAs cut the line) */
+
+/* bytes of a part's line in a schedule (core/work.cuh ScheduleLine) */
+#define ATTNCC_SCHEDULE_LINE_BYTES 48
 
 typedef struct AttnccArgs {
   const void* q;          /* [b, s_q, h_q, d_k] elem */
@@ -75,6 +80,9 @@ typedef struct AttnccArgs {
   int num_splits;         /* split mode: each sequence's tiles in this many equal ranges (1 when num_parts > 0) */
   int num_parts;          /* part mode when > 0: all sequences' tiles cut into this many equal parts
                              (attncc/schedule.cuh); the grid is num_parts x (row blocks x kv heads) */
+  const void* schedule;   /* part mode: the step's schedule, num_parts lines that attncc_plan_schedule
+                             wrote for these lengths and shapes (k.plan(seqlens)), or NULL: the CTAs
+                             cut the line themselves (also where the schedule's key does not match) */
   float softmax_scale;    /* natural scale; the kernel uses scale * log2(e) with exp2 */
   int* flags;             /* device word the value checks OR their ATTNCC_FLAG_* bits into, or NULL */
   void* stream;           /* cudaStream_t */
@@ -116,6 +124,11 @@ int attncc_ctas_per_split(int s_q);
 int attncc_ctas_per_sm(void);
 int attncc_write_args_size(void);
 int attncc_write_cache(const AttnccWriteArgs* args);
+/* k.plan(seqlens) on the device: part mode's line of each of args->num_parts parts for the
+ * lengths at args->seqlens (clamped to args->block_table_cols pages; 0: unclamped), batch and
+ * s_q, into lines (num_parts * ATTNCC_SCHEDULE_LINE_BYTES, 16-byte aligned), on args->stream;
+ * the other fields are not read. */
+int attncc_plan_schedule(const AttnccArgs* args, void* lines);
 
 #ifdef __cplusplus
 }

@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, Cfg::kCombineBlocks) combi
   __shared__ SeqPieces pieces;
   if (warp == 0) {  // where the sequence lies on the line of all tiles (schedule.cuh)
     const TilePrefix line = tiles_before<Cfg>(args, seq, lane);
-    const SeqPieces sp = SeqPieces::of(line.before, W::seq_tiles(args, seq), line.total, args.num_parts);
+    const SeqPieces sp = SeqPieces::of(line.before, W::seq_tiles(args, seq), line.total, args.num_parts, Cfg::kPieceCostTiles);
     if (lane == 0) pieces = sp;
   }
   __syncthreads();

@@ -78,7 +78,8 @@ __device__ __forceinline__ bool whole_parts_for_combine(const AttnccArgs& a) {
   if constexpr (!Cfg::kWholeParts) {
     return false;
   } else if constexpr (Cfg::kSparse) {
-    return equal_whole_parts(W::num_seqs(a), ceil_div(Cfg::kTopK, Cfg::kTileN), a.num_parts);
+    return equal_whole_parts(W::num_seqs(a), static_cast<int>(line_length(ceil_div(Cfg::kTopK, Cfg::kTileN), Cfg::kPieceCostTiles)),
+                             a.num_parts, W::whole_slack_tiles(a));
   } else {
     return whole_parts_possible(W::num_seqs(a), a.num_parts) &&
            load_acquire_gpu(whole_word_at<Cfg>(a.partial_lse, a.s_q, a.num_parts)) == 1;

@@ -23,11 +23,31 @@
 // the longest part so cut is at most (1 + 1 / kWholeSlack) T / P: equal sequences, b = 128 on 66
 // parts, cut into parts of one and two sequences (2 / 1.94 = 1.03), where cutting them costs more
 // (the partials and their merge: unsplit took 0.92 of the cut parts' time, bench/RESULTS.md,
-// session 40). The decode kernels decide it from the lengths (work.cuh part_line); the combine
-// learns it from the arguments (sparse: equal_whole_parts) or a word they write (core/ready.cuh).
+// session 40). Where the launch is compute-bound (its rows a sequence reach the plan's
+// kWholeTightRows, the chip's ridge: work.cuh whole_slack_tiles), the longest part is also at most
+// kWholeSlackTiles over T / P: there each extra tile costs its time, where at or under the ridge
+// the SMs that whole parts leave idle give their share of HBM to the rest (MLA b = 128 s_k 32768:
+// s_q 1, 31 tiles over, whole 0.981 of cut; s_q 2, 62 over, 1.016; bench/RESULTS.md, session 42).
+// The decode kernels decide it from the lengths (work.cuh part_line); the combine learns it from
+// the arguments (sparse: equal_whole_parts) or a word they write (core/ready.cuh).
+//
+// A piece costs more than its tiles: Q's load, the pipeline's fill and drain, the epilogue's
+// stores (~9.6 us at MLA b = 8, where the parts that hold two pieces end that much after the rest,
+// bench/RESULTS.md session 43). So the line charges each sequence of some tiles a piece's cost
+// c (the plan's kPieceCostTiles, in tiles) before its tiles: it spans
+//     [base(s), base(s) + c + n(s)),  its tiles at [base(s) + c, base(s) + c + n(s)),
+// T = sum (c + n(s)) over the sequences of some tiles (line_length), and a part that holds a
+// sequence's start holds c fewer of its tiles (FlashMLA's metadata charges 5 blocks a request).
+// A part whose stretch of a sequence is cost only has no piece of it. Every position below
+// (begin(p), base(s), the parts' bounds) is on this line; pieces are in the sequence's tiles.
 #pragma once
 
 namespace attncc {
+
+// A sequence's length on the line: its n tiles and, where it has some, a piece's cost.
+__host__ __device__ __forceinline__ long long line_length(int n, int piece_cost) { return n > 0 ? n + piece_cost : 0; }
+// The cost before its first tile.
+__host__ __device__ __forceinline__ int line_lead(int n, int piece_cost) { return n > 0 ? piece_cost : 0; }
 
 // First tile of part p of `parts` over `total` tiles.
 __host__ __device__ __forceinline__ long long part_begin(int p, long long total, int parts) {
@@ -35,11 +55,13 @@ __host__ __device__ __forceinline__ long long part_begin(int p, long long total,
 }
 
 // Whole-sequence parts where the longest is at most 1 + 1 / kWholeSlack times the even length
-// (a line of no tiles is cut: either way its sequences are the last part's). Never with fewer
-// than kWholeSlack / (kWholeSlack + 1) P sequences: some part holds T / num_seqs or more.
+// and, with slack_tiles >= 0 (a compute-bound launch), at most slack_tiles tiles over it (a line
+// of no tiles is cut: either way its sequences are the last part's). Never with fewer than
+// kWholeSlack / (kWholeSlack + 1) P sequences: some part holds T / num_seqs or more.
 constexpr int kWholeSlack = 16;
-__host__ __device__ __forceinline__ bool whole_parts_fit(long long longest, long long total, int parts) {
-  return total > 0 && longest * parts * kWholeSlack <= total * (kWholeSlack + 1);
+__host__ __device__ __forceinline__ bool whole_parts_fit(long long longest, long long total, int parts, int slack_tiles) {
+  return total > 0 && longest * parts * kWholeSlack <= total * (kWholeSlack + 1) &&
+         (slack_tiles < 0 || longest * parts <= total + 1LL * slack_tiles * parts);
 }
 __host__ __device__ __forceinline__ bool whole_parts_possible(int num_seqs, int parts) {
   return 1LL * num_seqs * (kWholeSlack + 1) >= 1LL * parts * kWholeSlack;
@@ -77,12 +99,12 @@ struct LineCuts {
   }
 };
 
-// Whether S sequences of n tiles each (sparse queries: top-k's tiles each) take whole-sequence
-// parts: the sequence holding cut p is floor(p S / P), so the parts hold floor((p + 1) S / P) -
-// floor(p S / P) sequences, at most ceil(S / P).
-__host__ __device__ __forceinline__ bool equal_whole_parts(int num_seqs, int n, int parts) {
+// Whether S sequences of line length n each (sparse queries: top-k's tiles and a piece's cost) take
+// whole-sequence parts (slack_tiles: whole_parts_fit's): the sequence holding cut p is floor(p S / P),
+// so the parts hold floor((p + 1) S / P) - floor(p S / P) sequences, at most ceil(S / P).
+__host__ __device__ __forceinline__ bool equal_whole_parts(int num_seqs, int n, int parts, int slack_tiles) {
   const long long most = (num_seqs + parts - 1) / parts;
-  return whole_parts_possible(num_seqs, parts) && whole_parts_fit(most * n, 1LL * num_seqs * n, parts);
+  return whole_parts_possible(num_seqs, parts) && whole_parts_fit(most * n, 1LL * num_seqs * n, parts, slack_tiles);
 }
 
 // The part holding tile x (0 <= x < total): the last p with part_begin(p) <= x, so empty parts
@@ -98,8 +120,9 @@ struct Piece {
 };
 
 // The pieces of part p, in order. The first sequence of the part and its base come from a scan
-// of the tile counts (work.cuh does it with a warp; first_seq_sequential below is the
-// reference); then next(n) takes the tile count n of the current sequence.
+// of the line lengths (work.cuh does it with a warp; first_seq_sequential below is the
+// reference); then has_piece, piece and next take the tile count n of the current sequence and
+// the plan's piece cost c.
 struct PartWalk {
   int part, parts, num_seqs;
   long long total, begin, end;  // the part's tiles [begin, end)
@@ -120,27 +143,29 @@ struct PartWalk {
     w.base = first_base;
     return w;
   }
-  // Whether sequence `seq` is a piece of this part. An empty part (begin == end) has none,
-  // except the last, which takes the sequences of no tiles at the end of the line.
-  __host__ __device__ bool has_piece() const {
+  // Whether sequence `seq` (of n tiles) is a piece of this part: its tiles start before the
+  // part's end. An empty part (begin == end) has none, except the last, which takes the
+  // sequences of no tiles at the end of the line.
+  __host__ __device__ bool has_piece(int n, int cost) const {
     if (seq >= num_seqs) return false;
     if (part == parts - 1) return true;
-    return begin < end && base < end;
+    return begin < end && base + line_lead(n, cost) < end;
   }
   // The current sequence's piece (n: its tile count).
-  __host__ __device__ Piece piece(int n) const {
-    const long long lo = base > begin ? base : begin;
-    const long long hi = base + n < end ? base + n : end;
+  __host__ __device__ Piece piece(int n, int cost) const {
+    const long long first = base + line_lead(n, cost);  // its first tile on the line
+    const long long lo = first > begin ? first : begin;
+    const long long hi = first + n < end ? first + n : end;
     Piece pc;
     pc.seq = seq;
-    pc.tile_begin = static_cast<int>(lo - base);
-    pc.tile_end = static_cast<int>(hi > lo ? hi - base : lo - base);
-    const bool whole = base >= begin && base + n <= end;
+    pc.tile_begin = static_cast<int>(lo - first);
+    pc.tile_end = static_cast<int>(hi > lo ? hi - first : lo - first);
+    const bool whole = first >= begin && first + n <= end;
     pc.slot = whole ? -1 : (lo == begin ? 2 * part : 2 * part + 1);
     return pc;
   }
-  __host__ __device__ void next(int n) {
-    base += n;
+  __host__ __device__ void next(int n, int cost) {
+    base += line_length(n, cost);
     ++seq;
   }
 };
@@ -164,9 +189,9 @@ __host__ __device__ int first_seq_sequential(const Tiles& tiles, int num_seqs, l
 }
 
 // Whole-sequence parts, sequentially (the reference of work.cuh's part_line): whether the launch
-// takes them, and begin'(p) (p = P: T).
+// takes them (slack_tiles: whole_parts_fit's), and begin'(p) (p = P: T).
 template <class Tiles>
-__host__ __device__ bool whole_parts_sequential(const Tiles& tiles, int num_seqs, long long total, int parts) {
+__host__ __device__ bool whole_parts_sequential(const Tiles& tiles, int num_seqs, long long total, int parts, int slack_tiles) {
   if (total == 0) return false;
   const LineCuts cuts = LineCuts::of(total, parts);
   long long base = 0, last = 0, longest = 0;  // last: the start of the last sequence holding a cut
@@ -179,7 +204,7 @@ __host__ __device__ bool whole_parts_sequential(const Tiles& tiles, int num_seqs
     base += n;
   }
   longest = total - last > longest ? total - last : longest;
-  return whole_parts_fit(longest, total, parts);
+  return whole_parts_fit(longest, total, parts, slack_tiles);
 }
 template <class Tiles>
 __host__ __device__ long long whole_begin_sequential(const Tiles& tiles, int num_seqs, long long total, int parts, int p) {
@@ -194,21 +219,23 @@ __host__ __device__ long long whole_begin_sequential(const Tiles& tiles, int num
   return total;  // no tiles at all
 }
 
-// The pieces of one sequence as the combine sees them: parts first..last, skipping empty ones.
-// Valid for a sequence with n > 0 tiles that crosses parts (first < last).
+// The pieces of one sequence as the combine sees them: parts first..last (those of its first and
+// last tiles), skipping empty ones. Valid for a sequence with n > 0 tiles that crosses parts
+// (first < last). base: where the sequence starts on the line; cost: a piece's (its tiles start
+// after it).
 struct SeqPieces {
-  long long base, total;
+  long long base, total;  // base: the sequence's first tile on the line
   int n, parts, first, last;
   LineCuts cuts;  // part_begin without a 64-bit division
 
-  __host__ __device__ static SeqPieces of(long long base, int n, long long total, int parts) {
+  __host__ __device__ static SeqPieces of(long long start, int n, long long total, int parts, int cost) {
     SeqPieces s;
-    s.base = base;
+    s.base = start + line_lead(n, cost);
     s.n = n;
     s.total = total;
     s.parts = parts;
-    s.first = n > 0 ? part_of(base, total, parts) : -1;
-    s.last = n > 0 ? part_of(base + n - 1, total, parts) : -1;
+    s.first = n > 0 ? part_of(s.base, total, parts) : -1;
+    s.last = n > 0 ? part_of(s.base + n - 1, total, parts) : -1;
     s.cuts = LineCuts::of(total, parts);
     return s;
   }

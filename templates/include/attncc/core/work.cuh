@@ -45,9 +45,20 @@ struct CtaWork {
       return kv_length<Cfg>(a, seq, bad);
     }
   }
+  // schedule.cuh whole_parts_fit's slack: the plan's kWholeSlackTiles where the launch is
+  // compute-bound (its rows a sequence, s_q x group or a sparse query's group, reach the plan's
+  // kWholeTightRows), else -1 (only the relative bound)
+  __device__ __forceinline__ static int whole_slack_tiles(const AttnccArgs& a) {
+    const int rows = Cfg::kSparse ? Cfg::kGroup : a.s_q * Cfg::kGroup;
+    return rows >= Cfg::kWholeTightRows ? Cfg::kWholeSlackTiles : -1;
+  }
   __device__ __forceinline__ static int seq_tiles(const AttnccArgs& a, int seq) {
     bool bad;
     return ceil_div(kv_len(a, seq, bad), Cfg::kTileN);
+  }
+  // Its length on part mode's line: its tiles and a piece's cost (schedule.cuh line_length).
+  __device__ __forceinline__ static long long seq_line(const AttnccArgs& a, int seq) {
+    return line_length(seq_tiles(a, seq), Cfg::kPieceCostTiles);
   }
 
   __device__ __forceinline__ static CtaWork make(const AttnccArgs& a, int lane, int seq) {
@@ -108,9 +119,10 @@ struct CtaWork {
   }
 };
 
-// The tiles of all sequences and of the sequences before `seq`, summed by one warp: each lane
-// sums a strided share (its loads independent of each other, so they are in flight together),
-// then the warp's sums. Where sequence `seq` starts on the line of schedule.cuh.
+// The line lengths (schedule.cuh: tiles and a piece's cost) of all sequences and of the sequences
+// before `seq`, summed by one warp: each lane sums a strided share (its loads independent of each
+// other, so they are in flight together), then the warp's sums. Where sequence `seq` starts on
+// the line of schedule.cuh.
 struct TilePrefix {
   long long total, before;
 };
@@ -120,7 +132,7 @@ __device__ __forceinline__ TilePrefix tiles_before(const AttnccArgs& a, int seq,
   const int num_seqs = W::num_seqs(a);
   long long all = 0, before = 0;
   for (int s = lane; s < num_seqs; s += 32) {
-    const int n = W::seq_tiles(a, s);
+    const long long n = W::seq_line(a, s);
     all += n;
     before += s < seq ? n : 0;
   }
@@ -161,7 +173,7 @@ __device__ PartLine part_line(const AttnccArgs& a, long long total, int part, in
   int cut_seq = num_seqs, whole_seq = -1;
   long long cut_base = total;
   for (int s0 = 0; s0 < num_seqs; s0 += 32) {
-    const int n = s0 + lane < num_seqs ? W::seq_tiles(a, s0 + lane) : 0;
+    const int n = s0 + lane < num_seqs ? static_cast<int>(W::seq_line(a, s0 + lane)) : 0;  // its line length
     int incl = n;  // inclusive prefix within these 32 sequences
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
@@ -204,7 +216,7 @@ __device__ PartLine part_line(const AttnccArgs& a, long long total, int part, in
   longest = total - last > longest ? total - last : longest;
   PartLine line;
   line.total = total;
-  line.whole = may_be_whole && whole_parts_fit(longest, total, parts);
+  line.whole = may_be_whole && whole_parts_fit(longest, total, parts, W::whole_slack_tiles(a));
   line.begin = line.whole ? begin : cut0;
   line.end = line.whole ? end : cut1;
   line.first_seq = line.whole ? whole_seq : cut_seq;  // whole: total > 0, so a sequence holds the cut
@@ -212,11 +224,87 @@ __device__ PartLine part_line(const AttnccArgs& a, long long total, int part, in
   return line;
 }
 
+// A decode step's schedule made once (k.plan(seqlens) on the device: core/plan.cuh), read by
+// part-mode CTAs instead of cutting the line each: part p's PartLine, and the key of the tile
+// counts and shape it was made for (abi.h: AttnccArgs.schedule, ATTNCC_SCHEDULE_LINE_BYTES a
+// part). A CTA still sums the tiles, one strided load a lane as tiles_before, to check the key:
+// a schedule of other lengths (they changed after the plan) or shapes is not used, the CTA
+// cuts the line itself and flags ATTNCC_FLAG_SCHEDULE. The line depends on the tile counts only,
+// so lengths that moved within their last tile keep the key.
+struct ScheduleLine {
+  long long total, begin, end, first_base;
+  unsigned long long key;
+  int first_seq, whole;
+};
+static_assert(sizeof(ScheduleLine) == ATTNCC_SCHEDULE_LINE_BYTES, "abi.h's line size");
+
+// splitmix64's finalizer: a key term per (sequence, tiles), so that moved tiles change the sum.
+__host__ __device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+struct TileKey {
+  long long total;
+  unsigned long long key;
+};
+// The line's length and the key of its tile counts, the sequences, the parts and the plan, by one warp.
+template <class Cfg>
+__device__ __forceinline__ TileKey tiles_key(const AttnccArgs& a, int lane) {
+  using W = CtaWork<Cfg>;
+  const int num_seqs = W::num_seqs(a);
+  long long total = 0;
+  unsigned long long key = 0;
+  for (int s = lane; s < num_seqs; s += 32) {
+    const int n = W::seq_tiles(a, s);
+    total += line_length(n, Cfg::kPieceCostTiles);
+    key += mix64(static_cast<unsigned long long>(s) << 32 | static_cast<unsigned>(n));
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    total += __shfl_xor_sync(0xffffffffu, total, d);
+    key += __shfl_xor_sync(0xffffffffu, key, d);
+  }
+  key ^= mix64(static_cast<unsigned long long>(num_seqs) << 32 | static_cast<unsigned>(a.num_parts));
+  return {total, key ^ mix64(Cfg::kScheduleKey)};  // and the plan's: another plan's kernels cut otherwise
+}
+
+// Part `part`'s line: from the step's schedule where it holds these tiles, else cut here.
+template <class Cfg>
+__device__ PartLine part_line_of(const AttnccArgs& a, int part, int lane) {
+  ScheduleLine s{};
+  if (a.schedule != nullptr) s = static_cast<const ScheduleLine*>(a.schedule)[part];  // in flight during the sum
+  const TileKey k = tiles_key<Cfg>(a, lane);  // the line's length either way (one part_line inlined)
+  if (a.schedule != nullptr) {
+    if (s.key == k.key && s.total == k.total)
+      return PartLine{s.total, s.begin, s.end, s.whole != 0, s.first_seq, s.first_base};
+    if (lane == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SCHEDULE);
+  }
+  return part_line<Cfg>(a, k.total, part, lane);
+}
+
+// The walk's steps with this plan's sequences: whether the current sequence is a piece of the
+// part, its piece, the next sequence (schedule.cuh PartWalk, with the plan's piece cost).
+template <class Cfg>
+__device__ __forceinline__ bool walk_has_piece(const AttnccArgs& a, const PartWalk& w) {
+  return w.seq < w.num_seqs && w.has_piece(CtaWork<Cfg>::seq_tiles(a, w.seq), Cfg::kPieceCostTiles);
+}
+template <class Cfg>
+__device__ __forceinline__ Piece walk_piece(const AttnccArgs& a, const PartWalk& w) {
+  return w.piece(CtaWork<Cfg>::seq_tiles(a, w.seq), Cfg::kPieceCostTiles);
+}
+template <class Cfg>
+__device__ __forceinline__ void walk_next(const AttnccArgs& a, PartWalk& w) {
+  w.next(CtaWork<Cfg>::seq_tiles(a, w.seq), Cfg::kPieceCostTiles);
+}
+
 // The start of part `part`'s walk, by warp 0 of the CTA; whole: whether the parts hold whole
 // sequences (for the combine: core/ready.cuh publish_whole_parts).
 template <class Cfg>
 __device__ PartWalk start_part_walk(const AttnccArgs& a, int part, int lane, bool& whole) {
-  const PartLine line = part_line<Cfg>(a, tiles_before<Cfg>(a, 0, lane).total, part, lane);
+  const PartLine line = part_line_of<Cfg>(a, part, lane);
   whole = line.whole;
   return PartWalk::start(part, a.num_parts, CtaWork<Cfg>::num_seqs(a), line.total, line.begin, line.end, line.first_seq,
                          line.first_base);

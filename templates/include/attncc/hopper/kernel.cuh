@@ -183,7 +183,7 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   if (ct == 0) stash(smem + Cfg::kWorkOff, w);
   // Q rows -> boxes of the Q tile (zero past the CTA's rows)
   const char* q_any = static_cast<const char*>(a.q);
-  constexpr int kChunks = Cfg::kBoxes * 8;  // 16-byte chunks of a Q row
+  constexpr int kChunks = Cfg::kKeyBoxes * 8;  // 16-byte chunks of a Q row
   for (int i = ct; i < Cfg::kTileM * kChunks; i += 2 * kGroupThreads) {
     const int r = i / kChunks, ch = i % kChunks;
     const int R = w.mb * Cfg::kTileM + r;
@@ -295,16 +295,16 @@ __device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned cha
   using W = CtaWork<Cfg>;
   for (;;) {
     const PartWalk pw = unstash_walk(walk);
-    if (!pw.has_piece()) break;
+    if (!walk_has_piece<Cfg>(args, pw)) break;
     // with the overlap, s_q (and the lanes it gives) read afresh in each role: else ptxas computes
     // them once before the roles part and keeps them live across setmaxnreg (GLA-2: a spill)
     const int s_q = Cfg::kOverlap ? opaque(args.s_q) : args.s_q;
-    piece(W::of_piece(args, fresh_ctaid() % W::lanes(s_q), pw.piece(W::seq_tiles(args, pw.seq))));
+    piece(W::of_piece(args, fresh_ctaid() % W::lanes(s_q), walk_piece<Cfg>(args, pw)));
     bar_sync(barrier, threads);  // the role is past the piece (and the walk's reads)
     if (rt == 0) {
       PartWalk next = unstash_walk(walk);
-      done(next.piece(W::seq_tiles(args, next.seq)).slot);  // the role's first thread, once the role is past the piece
-      next.next(W::seq_tiles(args, next.seq));
+      done(walk_piece<Cfg>(args, next).slot);  // the role's first thread, once the role is past the piece
+      walk_next<Cfg>(args, next);
       stash(walk, next);
     }
     bar_sync(barrier, threads);

@@ -51,7 +51,7 @@ struct Exchange {
   static constexpr int kHalfAcc = T::kAcc / 2;
   static constexpr int kOBytes = kHalfAcc * kGroupThreads * 4;  // one group's half of O
   static constexpr int kBytes = 2 * kOBytes + 2 * kGroupThreads * 16;
-  static_assert(kBytes <= T::kBoxes * T::kQBoxBytes, "the exchange fits the Q tile");
+  static_assert(kBytes <= Cfg::kQBytes, "the exchange fits the Q tile's region");
   static_assert(kHalfAcc % 4 == 0, "float4s");
   uint32_t base;
   __device__ __forceinline__ explicit Exchange(uint32_t q_tile) : base(q_tile) {}
@@ -181,7 +181,7 @@ __device__ __forceinline__ void consume_stacked(const AttnccArgs& a, const CtaWo
       scale_rows(o, r);
       scores_issue<Cfg>(sn, q, sbase, next, next_parity);  // S_{i+1}
       mbarrier_wait(T::flags_bar(sbase, next), next_parity);
-      pv_rs_issue<Cfg>(o, p, T::stage_box(sbase, st, 0));  // O += P_i V_i
+      pv_rs_issue<Cfg>(o, p, T::stage_box(sbase, st, T::kValueBox));  // O += P_i V_i
       wait_group<1>();  // S_{i+1}
       pin(sn);
       softmax(sn, it + 1, next, r);
@@ -195,7 +195,7 @@ __device__ __forceinline__ void consume_stacked(const AttnccArgs& a, const CtaWo
       const int st = pr.stage;
       pr.used(st);
       scale_rows(o, r);
-      pv_rs<Cfg>(o, p, T::stage_box(sbase, st, 0));
+      pv_rs<Cfg>(o, p, T::stage_box(sbase, st, T::kValueBox));
       mbarrier_arrive(T::empty_early(sbase, st), 1);
       pr.next_tile();
     }
@@ -221,7 +221,7 @@ __device__ __forceinline__ void consume_stacked(const AttnccArgs& a, const CtaWo
       softmax(s, it, st, r);
       scale_rows(o, r);
       pack_p<Cfg>(s, p);
-      pv_rs<Cfg>(o, p, T::stage_box(sbase, st, 0));  // O += P V
+      pv_rs<Cfg>(o, p, T::stage_box(sbase, st, T::kValueBox));  // O += P V
       mbarrier_arrive(T::empty_early(sbase, st), split ? 2 : 1);
     }
   }

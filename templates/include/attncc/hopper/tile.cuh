@@ -66,8 +66,9 @@ __device__ __forceinline__ void release_stage(uint32_t bar, uint32_t sbase) {
   if constexpr (HopperTraits<Cfg>::kCrossover) mbarrier_arrive_peer(peer_base(sbase) + (bar - sbase));
 }
 
-// S = Q K^T over every box of stage `stage`, in its order, each box once FULL says it landed;
-// q: the warp group's 64 rows in the Q tile's first box. trace_slot: the warp group's trace slot
+// S = Q K^T over the key's boxes of stage `stage`, every box of the stage waited for in its order
+// (a value apart from the key lands before O += P V reads it), each once FULL says it landed; q:
+// the warp group's 64 rows in the Q tile's first box. trace_slot: the warp group's trace slot
 // (core/trace.cuh: event 1, every box landed), -1 for none. The boxes the consumers fence
 // (consumer_fences: a cp.async plan's 16-bit boxes) are waited for a group of the stage at a time,
 // as its first box is reached, and fenced once (a fence is a MEMBAR.ALL.CTA; the producer issues
@@ -88,13 +89,16 @@ __device__ __forceinline__ void scores_issue(float (&s)[32], uint32_t q, uint32_
       if constexpr (fences_some<Cfg>(box, kEnd)) fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
     }
     if constexpr (!consumer_fences<Cfg>(box)) mbarrier_wait(T::full(sbase, stage, box), parity);
+    if constexpr (T::q_col_of_box(box) >= 0) {  // the key's: with its columns of the Q tile
 #pragma unroll
-    for (int kk = 0; kk < kBoxCols / 16; ++kk) {
-      const uint64_t qd = desc_k_major(q, T::kQBoxBytes, box * kBoxCols + 16 * kk), kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);
-      if (box == 0 && kk == 0) {
-        mma_ss_first(s, qd, kd);
-      } else {
-        mma_ss<Cfg::kTileN, false>(s, qd, kd, 1);
+      for (int kk = 0; kk < kBoxCols / 16; ++kk) {
+        const uint64_t qd = desc_k_major(q, T::kQBoxBytes, T::q_col_of_box(box) + 16 * kk),
+                       kd = desc_k_major(kv, Cfg::kBoxBytes, box * kBoxCols + 16 * kk);
+        if (box == T::first_key_box() && kk == 0) {
+          mma_ss_first(s, qd, kd);
+        } else {
+          mma_ss<Cfg::kTileN, false>(s, qd, kd, 1);
+        }
       }
     }
   });

@@ -110,11 +110,39 @@ struct HopperTraits {
   static constexpr int kM = Cfg::kTileM, kN = Cfg::kTileN, kStages = Cfg::kStages;
   static constexpr int kGroupRows = 64;                 // a consumer warp group's wgmma M
   static constexpr int kSets = kStages / 2;  // seesaw: pair i of tiles is in stages 2 (i % kSets) and 2 (i % kSets) + 1
-  static constexpr int kBoxes = Cfg::kBoxes;            // of a staged row (and of a Q row)
-  static constexpr int kValueBoxes = Cfg::kValueBoxes;  // the value's: boxes [0, kValueBoxes)
+  static constexpr int kBoxes = Cfg::kBoxes;            // of a staged row
+  static constexpr int kKeyBoxes = Cfg::kKeyBoxes;      // the key's (its runs', Cfg::kKeyRuns: a Q row's boxes)
+  static constexpr int kValueBox = Cfg::kValueBox;      // the value's: boxes [kValueBox, kValueBox + kValueBoxes)
+  static constexpr int kValueBoxes = Cfg::kValueBoxes;
   static constexpr int kOut = Cfg::kOutBoxes;           // of a consumer warp group's output
   static constexpr int kEarly = Cfg::kEarlyBoxes;       // of a stage's early group
   static constexpr int kPBox = Cfg::kPBox;              // seesaw: the key-only box that holds the stage's P
+  // Box b of a stage: its first column in a Q row where it is the key's (the key's runs in order,
+  // each of whole boxes), else -1; S = Q K^T reads the key's boxes in the stage's order, from
+  // the first of them.
+  __host__ __device__ static constexpr int q_col_of_box(int b) {
+    int at = 0;
+    for (int i = 0; i < Cfg::kNumKeyRuns; ++i) {
+      if (b * kBoxCols >= Cfg::kKeyRuns[i].col && b * kBoxCols < Cfg::kKeyRuns[i].col + Cfg::kKeyRuns[i].width)
+        return at + b * kBoxCols - Cfg::kKeyRuns[i].col;
+      at += Cfg::kKeyRuns[i].width;
+    }
+    return -1;
+  }
+  __host__ __device__ static constexpr int first_key_box() {
+    for (int b = 0; b < kBoxes; ++b)
+      if (q_col_of_box(b) >= 0) return b;
+    return -1;
+  }
+  __host__ __device__ static constexpr bool key_runs_on_boxes() {
+    int width = 0;
+    for (int i = 0; i < Cfg::kNumKeyRuns; ++i) {
+      if (Cfg::kKeyRuns[i].col % kBoxCols || Cfg::kKeyRuns[i].width % kBoxCols || Cfg::kKeyRuns[i].col + Cfg::kKeyRuns[i].width > kBoxes * kBoxCols)
+        return false;
+      width += Cfg::kKeyRuns[i].width;
+    }
+    return width == Cfg::kDK;
+  }
   static constexpr int kBoxBytes = Cfg::kBoxBytes;      // a box of a KV tile (kN rows)
   static constexpr int kQBoxBytes = Cfg::kQBoxBytes;    // a box of the Q tile (kM rows)
   static constexpr int kKVTileBytes = Cfg::kKVTileBytes;
@@ -161,20 +189,24 @@ struct HopperTraits {
   static_assert(kM == (kSeesaw ? 1 : 2) * kGroupRows && kN == 64,
                 "seesaw 64 rows (one wgmma M), stacked 128 (one per consumer warp group) x 64 tokens (a P tile is one box)");
   static_assert(kThreads == 3 * kGroupThreads, "two consumer warp groups and a producer");
-  static_assert(Cfg::kDK == kBoxes * kBoxCols && Cfg::kDV == kValueBoxes * kBoxCols && kValueBoxes == (kSeesaw ? 2 : 1) * kOut &&
+  static_assert(Cfg::kDK == kKeyBoxes * kBoxCols && Cfg::kDV == kValueBoxes * kBoxCols && kValueBoxes == (kSeesaw ? 2 : 1) * kOut &&
+                    kValueBox + kValueBoxes <= kBoxes && Cfg::kStagedWidth == kBoxes * kBoxCols &&
                     (kOutCols == 64 || kOutCols == 128 || kOutCols == 256),
-                "key of whole boxes; a warp group's output (seesaw: half the value; stacked: all) of 64, 128 or 256 columns (a wgmma N)");
+                "key and value of whole staged boxes; a warp group's output (seesaw: half the value; stacked: all) of 64, 128 "
+                "or 256 columns (a wgmma N)");
   static_assert(kEarly == (kSeesaw ? kOut : kBoxes), "EMPTY early: seesaw the value's left half, stacked the whole stage");
-  static_assert(Cfg::kNumKeyRuns == 1 && Cfg::kKeyRuns[0].col == 0 && Cfg::kKeyRuns[0].width == Cfg::kDK &&
-                    Cfg::kNumValueRuns == 1 && Cfg::kValueRuns[0].col == 0 && Cfg::kValueRuns[0].width == Cfg::kDV,
-                "key = all staged columns, value = the first d_v");
-  static_assert(kPBox >= kValueBoxes && kPBox < kBoxes, "P goes in a key-only box");
+  static_assert(key_runs_on_boxes() && Cfg::kNumValueRuns == 1 && Cfg::kValueRuns[0].col == kValueBox * kBoxCols &&
+                    Cfg::kValueRuns[0].width == Cfg::kDV,
+                "the key: runs of whole staged boxes; the value: one run of them");
+  static_assert(!kSeesaw || (Cfg::kNumKeyRuns == 1 && Cfg::kKeyRuns[0].col == 0 && kValueBox == 0 && kKeyBoxes == kBoxes &&
+                             kPBox >= kValueBoxes && kPBox < kBoxes),
+                "the seesaw: key = all staged columns, value = the first d_v, P in a key-only box");
   static_assert(boxes_filled<Cfg>(), "every box filled by one source (16-bit, or fp8 in pairs of boxes), 16-byte aligned");
   static_assert(fp8_pairs_in_groups<Cfg>(kEarly), "an fp8 box pair in one group of a stage's boxes");
   static_assert(kBoxBytes == kN * 128 && kQBoxBytes == kM * 128 && kKVTileBytes == kBoxes * kBoxBytes, "boxes of 128-byte rows");
   static_assert(!kSeesaw || kBoxBytes == kQBoxBytes, "seesaw: a P tile (64 rows) is a box of the stage");
   static_assert(Cfg::kQOff % 1024 == 0 && Cfg::kKVOff % 1024 == 0 && kBoxBytes % 1024 == 0, "swizzle atoms 1024-aligned");
-  static_assert(Cfg::kKVOff >= Cfg::kQOff + kBoxes * kQBoxBytes && kBarOff >= Cfg::kKVOff + kStages * kKVTileBytes && kBarOff % 8 == 0 &&
+  static_assert(Cfg::kQBytes >= kKeyBoxes * kQBoxBytes && Cfg::kKVOff >= Cfg::kQOff + Cfg::kQBytes && kBarOff >= Cfg::kKVOff + kStages * kKVTileBytes && kBarOff % 8 == 0 &&
                     Cfg::kFlagsOff >= kBarOff + 8 * kNumBarriers && Cfg::kFlagsOff % 16 == 0 && Cfg::kFlagsPitch >= kN + 16 && Cfg::kFlagsPitch % 16 == 0 &&
                     Cfg::kRowsOff >= Cfg::kFlagsOff + kStages * Cfg::kFlagsPitch && Cfg::kRowsOff % 16 == 0 &&
                     Cfg::kWorkOff >= Cfg::kRowsOff + 5 * kGroupRows * 4 && Cfg::kWalkCOff >= Cfg::kWorkOff + 9 * 4 &&

@@ -381,14 +381,14 @@ __global__ void __launch_bounds__(DecodeTraits<Cfg>::kThreads, 1) decode_parts_k
   // and the block index is read afresh.
   for (;;) {
     const PartWalk pw = unstash_walk(walk);
-    if (!pw.has_piece()) break;
-    decode_tiles<Cfg>(args, W::of_piece(args, fresh_ctaid() % W::lanes(args.s_q), pw.piece(W::seq_tiles(args, pw.seq))));
+    if (!walk_has_piece<Cfg>(args, pw)) break;
+    decode_tiles<Cfg>(args, W::of_piece(args, fresh_ctaid() % W::lanes(args.s_q), walk_piece<Cfg>(args, pw)));
     fence_partials<Cfg>(args);
     __syncthreads();  // every thread is past the piece's epilogue and its last shared read
     if (threadIdx.x == 0) {
       PartWalk next = unstash_walk(walk);
-      mark_ready<Cfg>(args, next.piece(W::seq_tiles(args, next.seq)).slot);
-      next.next(W::seq_tiles(args, next.seq));
+      mark_ready<Cfg>(args, walk_piece<Cfg>(args, next).slot);
+      walk_next<Cfg>(args, next);
       stash(walk, next);
     }
     __syncthreads();
