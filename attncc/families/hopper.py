@@ -83,9 +83,10 @@ STACKED_PRODUCER_REGISTERS = 56   # kernels spill 4-8 bytes; its producer, one s
 STACKED_OVERLAP_REGISTERS = (232, 232, 40)  # stacked with the overlap: 2 x 128 x 232 + 128 x 40 = 64,512 (its
                                             # parts kernels spilled 28 bytes at 224; a producer of one-page TMA
                                             # tiles fits 40)
-NARROW_OVERLAP_REGISTERS = (216, 216, 72)   # ... where the value is at most 128 wide (O 64 registers a thread): the
-                                            # producer of cp.async tiles from two per-head runs at page 5 spilled 8
-                                            # bytes at 40 (ptxas, gqa_g64_page5)
+NARROW_OVERLAP_REGISTERS = (216, 216, 72)   # ... where the value is at most NARROW_VALUE_COLS wide (O 64 registers a
+                                            # thread): the producer of cp.async tiles from two per-head runs at page 5
+                                            # spilled 8 bytes at 40 (ptxas, gqa_g64_page5)
+NARROW_VALUE_COLS = 128
 WORK_BYTES = 256       # the work stash (base.py: CtaWork, the consumers' walk, the whole word), then the
 PRODUCER_WALK_OFFSET = 128  # producer's part walk (12 ints) here
 BARRIER_BYTES = 8      # an mbarrier
@@ -411,6 +412,7 @@ class HopperFamily(Family):
         # producer of 16-bit records leaves where it holds at most two page numbers a tile
         # (one-page or two-page TMA tiles, or cp.async: 40 fit; four pages, page 16, spilled 8 bytes)
         overlap = not layout.fp8 and not seesaw and (tma_rows == 0 or TILE_N // tma_rows <= 2)
+        narrow_overlap = overlap and spec.d_v <= NARROW_VALUE_COLS  # NARROW_OVERLAP_REGISTERS
         # at launch every thread gets the register file's share (setmaxnreg's unit, 8), then
         # the roles trade: the producer gives back what the consumers take
         registers = min(target.max_registers_per_thread, target.registers_per_sm // threads // 8 * 8)
@@ -492,8 +494,8 @@ class HopperFamily(Family):
             ("consumer_registers", "relay, WG0: O_L (128) + S (32) and the rest: 184 spilled (ptxas)" if relay else
              f"O ({out_cols // 2}) + S (32) + P (16) and the rest: no "
              "spills (ptxas)" + ("" if seesaw else "; 216 leaves the fp8 producer 72" if layout.fp8
-                                 else "; a value of at most 128 columns with the overlap: 216, which leaves the "
-                                 "producer 72" if overlap and spec.d_v <= 128
+                                 else f"; a value of at most {NARROW_VALUE_COLS} columns with the overlap: 216, "
+                                 "which leaves the producer 72" if narrow_overlap
                                  else "; the overlap's parts kernels: 224 spilled 28 bytes" if overlap
                                  else "; the split mode's merge: 216 spilled")),
             ("wg1_registers", "relay, WG1: O_R (128) and the rest: at 152 ptxas ignores the setmaxnreg" if relay
@@ -501,8 +503,8 @@ class HopperFamily(Family):
             ("producer_registers", "what the relay's consumers leave of 168 x 384" if relay
              else "a tile's token offsets and the copy addresses: 40 and 56 spilled" if seesaw
              else "the fp8 conversion of a box pair (4 tokens): 56 spilled with its loads in registers (ptxas, session 18)" if layout.fp8
-             else "what consumers of a value of at most 128 columns leave of 168 x 384: 40 spilled 8 bytes "
-             "(cp.async tiles from two per-head runs at page 5, ptxas)" if overlap and spec.d_v <= 128
+             else f"what consumers of a value of at most {NARROW_VALUE_COLS} columns leave of 168 x 384: 40 spilled "
+             "8 bytes (cp.async tiles from two per-head runs at page 5, ptxas)" if narrow_overlap
              else "what the consumers leave of the launch's 168 x 384: a producer of one- or two-page TMA tiles "
              "(a tile's validity kept in its token, no bool of its own) or of cp.async tiles (a run's boxes on one "
              "base) fits 40 (ptxas)" if overlap
@@ -561,7 +563,7 @@ class HopperFamily(Family):
         wg0_regs, wg1_regs, producer_regs = (
             RELAY_REGISTERS if relay else
             (CONSUMER_REGISTERS, CONSUMER_REGISTERS, PRODUCER_REGISTERS) if seesaw or layout.fp8 else
-            NARROW_OVERLAP_REGISTERS if overlap and spec.d_v <= 128 else
+            NARROW_OVERLAP_REGISTERS if narrow_overlap else
             STACKED_OVERLAP_REGISTERS if overlap else
             (STACKED_CONSUMER_REGISTERS, STACKED_CONSUMER_REGISTERS, STACKED_PRODUCER_REGISTERS))
         return HopperConfig(
