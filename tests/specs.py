@@ -20,6 +20,15 @@ def mla(page=64, heads=128, sq=2, causal=True, extra="", elem="bf16"):
 {extra}"""
 
 
+def separate_kv(name, heads, kv=1, d_k=128, d_v=128, page=16, order="kv", sq=1, causal=False, separate=False,
+                extra=""):
+    """A GQA / MQA spec whose key and value are segments of their own (`order`: theirs in the record)."""
+    segs = {"k": f"k: bf16[{d_k}]", "v": f"v: bf16[{d_v}]"}
+    query = f"    query len <= {sq}{' causal' if causal else ''}\n" if sq > 1 or causal else ""
+    return (f"attention {name} {{\n    heads q = {heads}, kv = {kv}\n    cache paged({page}){' separate' if separate else ''} "
+            f"{{ {segs[order[0]]}  {segs[order[1]]} }}\n    key = k\n    value = v\n{query}}}\n{extra}")
+
+
 def without_crossover(text: str, name: str) -> str:
     """The spec with its `crossover` schedule knob left out (and named `name`): the same
     attention, each CTA converting its tiles itself."""
@@ -40,19 +49,8 @@ def gla(name, heads, kv, page=64, latent=256, sq=2, causal=True, extra=""):
 
 
 EXTRA = {
-    "gqa4_d64": """attention gqa4_d64 {
-    heads q = 16, kv = 4
-    cache paged(16) { k: bf16[64]  v: bf16[64] }
-    key = k
-    value = v
-    query len <= 3 causal
-}""",
-    "mqa_d256": """attention mqa_d256 {
-    heads q = 16, kv = 1
-    cache paged(32) { k: bf16[256]  v: bf16[256] }
-    key = k
-    value = v
-}""",
+    "gqa4_d64": separate_kv("gqa4_d64", heads=16, kv=4, d_k=64, d_v=64, sq=3, causal=True),
+    "mqa_d256": separate_kv("mqa_d256", heads=16, d_k=256, d_v=256, page=32),
     "gla4": gla("gla4", heads=64, kv=4, latent=128),
     "gta2_d256": """attention gta2_d256 {
     heads q = 16, kv = 2
@@ -197,38 +195,15 @@ EXTRA = {
     # `stages 3` on MLA h_q 128 (odd: the seesaw refuses it, mma_sync runs it): 8 warps over
     # 32-token tiles spilled with more than 2 stages, so the lowering takes 16-token tiles
     "mla_stages3": mla(page=1, heads=128).replace("mla_p1_h128", "mla_stages3") + "schedule mla_stages3 {\n    stages 3\n}\n",
-    "gqa8_separate": """attention gqa8_separate {
-    heads q = 32, kv = 8
-    cache paged(16) separate { k: bf16[128]  v: bf16[128] }
-    key = k
-    value = v
-    query len <= 2 causal
-}""",
+    "gqa8_separate": separate_kv("gqa8_separate", heads=32, kv=8, sq=2, causal=True, separate=True),
     # key and value as segments of their own on the Hopper family's stacked schedule (the key's
     # boxes apart from the value's): MQA-256 at h_q 128 from separate tensors (one-page TMA tiles),
     # GQA d128 with a group of 64 at page 5 (cp.async; s_q 1 is the split mode, whose merge
     # outgrows the Q tile), the value first in the record at page 16 (four-page TMA tiles), and a
     # tied K = V at page 1, and GTA's key of two runs (the tied state's first half, the rope) at page 16
-    "mqa256_h128": """attention mqa256_h128 {
-    heads q = 128, kv = 1
-    cache paged(64) separate { k: bf16[256]  v: bf16[256] }
-    key = k
-    value = v
-    query len <= 2 causal
-}""",
-    "gqa_g64_page5": """attention gqa_g64_page5 {
-    heads q = 128, kv = 2
-    cache paged(5) { k: bf16[128]  v: bf16[128] }
-    key = k
-    value = v
-    query len <= 2 causal
-}""",
-    "mqa_vfirst_page16": """attention mqa_vfirst_page16 {
-    heads q = 64, kv = 1
-    cache paged(16) { v: bf16[64]  k: bf16[128] }
-    key = k
-    value = v
-}""",
+    "mqa256_h128": separate_kv("mqa256_h128", heads=128, d_k=256, d_v=256, page=64, sq=2, causal=True, separate=True),
+    "gqa_g64_page5": separate_kv("gqa_g64_page5", heads=128, kv=2, page=5, sq=2, causal=True),
+    "mqa_vfirst_page16": separate_kv("mqa_vfirst_page16", heads=64, d_v=64, order="vk"),
     "mqa_tied_page1": """attention mqa_tied_page1 {
     heads q = 64, kv = 1
     cache paged(1) { kv: bf16[128] }

@@ -25,7 +25,7 @@ from attncc.split import DecodeMetadata, num_splits
 from attncc.target import TARGETS
 from attncc.testing import with_config
 
-from specs import EXTRA, gla, mla
+from specs import EXTRA, gla, mla, separate_kv
 from support import compile_quiet
 
 REPO = Path(__file__).resolve().parent.parent
@@ -822,13 +822,6 @@ def test_the_stacked_schedule_takes_values_one_warp_group_holds(latent, stacked)
     k = attncc.compile(gla("g", heads=128, kv=2, latent=latent))
     assert k.plan.family == "hopper" and k.plan.config.seesaw is not stacked
     assert k.plan.config.tile_m == (128 if stacked else 64)
-
-
-def separate_kv(name, heads, kv=1, d_k=128, d_v=128, page=16, order="kv", extra=""):
-    """A GQA / MQA spec whose key and value are segments of their own (in `order` in the record)."""
-    segs = {"k": f"k: bf16[{d_k}]", "v": f"v: bf16[{d_v}]"}
-    return (f"attention {name} {{\n    heads q = {heads}, kv = {kv}\n    cache paged({page}) "
-            f"{{ {segs[order[0]]}  {segs[order[1]]} }}\n    key = k\n    value = v\n}}\n{extra}")
 
 
 @pytest.mark.parametrize("d_k, d_v, order, key_box, value_box", [
