@@ -168,6 +168,18 @@ def report(flat, span, cta: int, value_first: bool, title: str) -> None:
           f"{median([gap(w1[i][6], pr[2 * (i + 1)][2]) for i in held])}")
     pieces = role_events(flat, 3, first, events=3)
     timeline(span, cta, first, w0, pieces, pairs, [gap(w0[i][0], w0[i + 1][0]) for i in steady])
+    start(span, cta, first, role_events(flat, 3, first)[SLOTS - 1], pr[0], pieces[0], w0[0])
+
+
+def start(span, cta, first, prologue, tile0, piece0, pair0) -> None:
+    """The traced CTA's start, cycles from its begin (core/trace.cuh: role 3's kTracePrologue slot,
+    then the first tile's and the first piece's events): what comes before its first products."""
+    begin = span[4 * cta + 1] - first
+    at = lambda v: "-" if v is None else f"{v - begin}"  # noqa: E731
+    print(f"  start, cycles from the CTA's begin: barriers {at(prologue[0])} | walk started {at(prologue[1])} | "
+          f"CTA met {at(prologue[2])} | producer {at(prologue[3])}, consumers {at(prologue[4])} past setmaxnreg | "
+          f"tile 0: EMPTY wait {at(tile0[0])}, copies issued {at(tile0[3])} | piece 0: Q issued {at(piece0[0])}, "
+          f"Q landed {at(piece0[1])} | WG0's first S: boxes landed {at(pair0[1])}")
 
 
 def timeline(span, cta, first, w0, pieces, pairs, periods) -> None:

@@ -319,16 +319,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
   const uint32_t sbase = smem_addr(smem);
   ATTNCC_TRACE_SPAN(0);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
+  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 0);
   if (threadIdx.x < 32) {
     bool whole;
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x, whole);
     if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw), stash_ints(smem + Cfg::kWholeOff, whole ? 1 : 0);
   }
+  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 1);
   cta_sync<Cfg>();
+  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 2);
   Progress<Cfg::kStages> pr;
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     const int p = threadIdx.x - 2 * kGroupThreads;
+    ATTNCC_TRACE(p == 0, 3, kTracePrologue, 3);
     walk_pieces<Cfg>(
         args, smem + Cfg::kWalkPOff, Cfg::kProducerBarrier, kGroupThreads, p,
         [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, pr); }, [](int) {});
@@ -340,6 +344,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     // combine launch at once: its blocks merge each sequence once its words are set. (Here, not
     // before the roles part, where GLA-2's part kernels spilled 76-88 bytes, nor in the
     // producer, where sparse_bf16_h128's spilled 92.)
+    ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 4);
     if (threadIdx.x == 0) open_ready<Cfg>(args);
     walk_pieces<Cfg>(
         args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
