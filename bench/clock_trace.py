@@ -86,6 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a field of the plan's kernel config (an int or true/false), e.g. "
                          "value_first=false: the trace of a lowering choice not taken")
+    ap.add_argument("--splits", type=int, default=0,
+                    help="num_splits as the op takes it: 0 the launch's choice, n splits, -p balanced parts")
     ap.add_argument("--spans", type=Path, metavar="JSON",
                     help="also write every CTA's [begin, end] (global timer, ns from the first begin) there")
     args = ap.parse_args(argv)
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
         lib = ab.load(str(build(plan, args.cta, Path(tmp))))
         cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
         case = bench.inputs(spec, cfg)
-        launch, _, parts = ab.make_args(plan, lib, case, spec)
+        launch, _, parts = ab.make_args(plan, lib, case, spec, requested=args.splits)
         flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
         for _ in range(3):
             lib.launch(launch)

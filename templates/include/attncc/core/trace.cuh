@@ -8,7 +8,7 @@
 // schedule's own numbering: bench/clock_trace.py names them); role 3 is the consumers' pieces (slot:
 // the piece's first pair in the stream; 0 the piece begins, 1 its Q has landed, 2 its results are
 // written); its last slot, kTracePrologue, the CTA's start (0 the barriers are initialized, 1 warp 0
-// has started the walk, 2 the CTA has met, 3 the producer and 4 the consumers are past setmaxnreg:
+// has started the walk (part mode), 2 the CTA has met, 3 the producer and 4 the consumers are past setmaxnreg:
 // thread 0 of each). ATTNCC_TRACE_SPAN(end), thread 0 of every CTA (not only the traced one): the global
 // timer (ns) and the SM clock when the CTA begins (end 0) and when it is done (end 1), so that the
 // host sees the grid's balance and the clock's rate. The host reads the arrays back through

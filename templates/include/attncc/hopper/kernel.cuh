@@ -268,15 +268,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
   const uint32_t sbase = smem_addr(smem);
   ATTNCC_TRACE_SPAN(0);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
+  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 0);
   cta_sync<Cfg>();
+  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 2);
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
+    ATTNCC_TRACE(threadIdx.x == 2 * kGroupThreads, 3, kTracePrologue, 3);
     Progress<Cfg::kStages> pr;
     produce<Cfg>(args, maps, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, pr);
     cp_async_commit();
     cp_async_wait<0>();  // no copy in flight when the producer exits
   } else {
     as_consumers<Cfg>([&](auto wg) {
+      ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 4);
       Progress<Cfg::kStages> pr;
       consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, pr, wg);
     });
