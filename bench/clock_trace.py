@@ -198,7 +198,7 @@ def timeline(span, cta, first, w0, pieces, pairs, periods) -> None:
     print(f"  grid: {len(ctas)} CTAs, the last begins {begins[-1]:.1f} us after the first; they end "
           f"{ends[0]:.1f} (min) / {statistics.median(ends):.1f} (median) / {ends[-1]:.1f} (max) us after it; "
           f"SM clock {cycles / ns:.3f} GHz (CTA {cta})")
-    listed = [(i, p) for i, p in enumerate(pieces) if None not in p]  # (first pair, events)
+    listed = [(i, p) for i, p in enumerate(pieces[:SLOTS - 1]) if None not in p]  # (first pair, events); the last slot: the start's
     steady = statistics.median(periods) if periods else 0
     print(f"  CTA {cta}: {cycles} cycles begin to end; {pairs} pairs x the steady period = {pairs * steady:.0f} "
           f"({pairs * steady / cycles:.1%})")
