@@ -21,7 +21,8 @@
 
 namespace attncc {
 constexpr int kTraceRoles = 4, kTraceSlots = 1024, kTraceEvents = 8, kTraceCtas = 4096;
-constexpr int kTracePrologue = kTraceSlots - 1;  // role 3's slot of the CTA's start
+constexpr int kTracePrologue = kTraceSlots - 1;  // role 3's slot of the CTA's start (a piece beginning at pair
+                                                 // 1023 would share it: traced CTAs have far fewer pairs)
 __device__ unsigned long long trace_clock[kTraceRoles][kTraceSlots][kTraceEvents];
 __device__ unsigned long long trace_span[kTraceCtas][2][2];  // [cta][begin, end][global ns, clock]
 
