@@ -35,7 +35,8 @@ from attncc.frontend import check_spec  # noqa: E402
 from attncc.kernel import Kernel  # noqa: E402
 from attncc.render import render, source_name  # noqa: E402
 
-ROLES, SLOTS, EVENTS, CTAS = 4, 1024, 8, 4096  # core/trace.cuh
+ROLES, SLOTS, EVENTS, CTAS = 5, 1024, 8, 4096  # core/trace.cuh
+START = 4  # the role of a CTA's start (core/trace.cuh kTraceStart), slot 0
 # seesaw.cuh's events (numbered by meaning), as phases (event -> the next in the group's order)
 # of each consumer warp group; WG1's order depends on the plan's value_first
 WG0 = ((0, 1, "S: boxes landing"), (1, 2, "S: last k-steps"), (2, 3, "row max, MAX_A"), (3, 4, "exp, P_a, P_A"),
@@ -170,11 +171,11 @@ def report(flat, span, cta: int, value_first: bool, title: str) -> None:
           f"{median([gap(w1[i][6], pr[2 * (i + 1)][2]) for i in held])}")
     pieces = role_events(flat, 3, first, events=3)
     timeline(span, cta, first, w0, pieces, pairs, [gap(w0[i][0], w0[i + 1][0]) for i in steady])
-    start(span, cta, first, role_events(flat, 3, first)[SLOTS - 1], pr[0], pieces[0], w0[0])
+    start(span, cta, first, role_events(flat, START, first)[0], pr[0], pieces[0], w0[0])
 
 
 def start(span, cta, first, prologue, tile0, piece0, pair0) -> None:
-    """The traced CTA's start, cycles from its begin (core/trace.cuh: role 3's kTracePrologue slot,
+    """The traced CTA's start, cycles from its begin (core/trace.cuh: the start's role,
     then the first tile's and the first piece's events): what comes before its first products."""
     begin = span[4 * cta + 1] - first
     at = lambda v: "-" if v is None else f"{v - begin}"  # noqa: E731
@@ -198,7 +199,7 @@ def timeline(span, cta, first, w0, pieces, pairs, periods) -> None:
     print(f"  grid: {len(ctas)} CTAs, the last begins {begins[-1]:.1f} us after the first; they end "
           f"{ends[0]:.1f} (min) / {statistics.median(ends):.1f} (median) / {ends[-1]:.1f} (max) us after it; "
           f"SM clock {cycles / ns:.3f} GHz (CTA {cta})")
-    listed = [(i, p) for i, p in enumerate(pieces[:SLOTS - 1]) if None not in p]  # (first pair, events); the last slot: the start's
+    listed = [(i, p) for i, p in enumerate(pieces) if None not in p]  # (first pair, events)
     steady = statistics.median(periods) if periods else 0
     print(f"  CTA {cta}: {cycles} cycles begin to end; {pairs} pairs x the steady period = {pairs * steady:.0f} "
           f"({pairs * steady / cycles:.1%})")

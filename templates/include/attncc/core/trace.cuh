@@ -7,9 +7,9 @@
 // 2: the producer), a slot its pair or tile of the CTA's stream, an event a phase boundary (the
 // schedule's own numbering: bench/clock_trace.py names them); role 3 is the consumers' pieces (slot:
 // the piece's first pair in the stream; 0 the piece begins, 1 its Q has landed, 2 its results are
-// written); its last slot, kTracePrologue, the CTA's start (0 the barriers are initialized, 1 warp 0
-// has started the walk (part mode), 2 the CTA has met, 3 the producer and 4 the consumers are past setmaxnreg:
-// thread 0 of each). ATTNCC_TRACE_SPAN(end), thread 0 of every CTA (not only the traced one): the global
+// written); role 4 (kTraceStart) the CTA's start, in slot 0 (0 the barriers are initialized, 1 warp 0
+// has started the walk (part mode), 2 the CTA has met, 3 the producer and 4 the consumers are past
+// setmaxnreg: thread 0 of each). ATTNCC_TRACE_SPAN(end), thread 0 of every CTA (not only the traced one): the global
 // timer (ns) and the SM clock when the CTA begins (end 0) and when it is done (end 1), so that the
 // host sees the grid's balance and the clock's rate. The host reads the arrays back through
 // attncc_trace_read and attncc_trace_read_span (and zeroes both through attncc_trace_clear) of the
@@ -20,9 +20,8 @@
 #include <cuda_runtime.h>
 
 namespace attncc {
-constexpr int kTraceRoles = 4, kTraceSlots = 1024, kTraceEvents = 8, kTraceCtas = 4096;
-constexpr int kTracePrologue = kTraceSlots - 1;  // role 3's slot of the CTA's start (a piece beginning at pair
-                                                 // 1023 would share it: traced CTAs have far fewer pairs)
+constexpr int kTraceRoles = 5, kTraceSlots = 1024, kTraceEvents = 8, kTraceCtas = 4096;
+constexpr int kTraceStart = 4;  // the role of the CTA's start (slot 0)
 __device__ unsigned long long trace_clock[kTraceRoles][kTraceSlots][kTraceEvents];
 __device__ unsigned long long trace_span[kTraceCtas][2][2];  // [cta][begin, end][global ns, clock]
 

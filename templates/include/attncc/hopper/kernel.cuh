@@ -268,19 +268,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
   const uint32_t sbase = smem_addr(smem);
   ATTNCC_TRACE_SPAN(0);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
-  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 0);
+  ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 0);
   cta_sync<Cfg>();
-  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 2);
+  ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 2);
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
-    ATTNCC_TRACE(threadIdx.x == 2 * kGroupThreads, 3, kTracePrologue, 3);
+    ATTNCC_TRACE(threadIdx.x == 2 * kGroupThreads, kTraceStart, 0, 3);
     Progress<Cfg::kStages> pr;
     produce<Cfg>(args, maps, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x - 2 * kGroupThreads, pr);
     cp_async_commit();
     cp_async_wait<0>();  // no copy in flight when the producer exits
   } else {
     as_consumers<Cfg>([&](auto wg) {
-      ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 4);
+      ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 4);
       Progress<Cfg::kStages> pr;
       consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, pr, wg);
     });
@@ -323,20 +323,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
   const uint32_t sbase = smem_addr(smem);
   ATTNCC_TRACE_SPAN(0);
   if (threadIdx.x == 0) init_barriers<Cfg>(sbase);
-  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 0);
+  ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 0);
   if (threadIdx.x < 32) {
     bool whole;
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x, whole);
     if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw), stash_ints(smem + Cfg::kWholeOff, whole ? 1 : 0);
   }
-  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 1);
+  ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 1);
   cta_sync<Cfg>();
-  ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 2);
+  ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 2);
   Progress<Cfg::kStages> pr;
   if (warp_group() == 2) {
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     const int p = threadIdx.x - 2 * kGroupThreads;
-    ATTNCC_TRACE(p == 0, 3, kTracePrologue, 3);
+    ATTNCC_TRACE(p == 0, kTraceStart, 0, 3);
     walk_pieces<Cfg>(
         args, smem + Cfg::kWalkPOff, Cfg::kProducerBarrier, kGroupThreads, p,
         [&](const CtaWork<Cfg>& w) { produce<Cfg>(args, maps, w, sbase, smem, p, pr); }, [](int) {});
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     // combine launch at once: its blocks merge each sequence once its words are set. (Here, not
     // before the roles part, where GLA-2's part kernels spilled 76-88 bytes, nor in the
     // producer, where sparse_bf16_h128's spilled 92.)
-    ATTNCC_TRACE(threadIdx.x == 0, 3, kTracePrologue, 4);
+    ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 4);
     if (threadIdx.x == 0) open_ready<Cfg>(args);
     walk_pieces<Cfg>(
         args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
