@@ -174,13 +174,13 @@ def report(flat, span, cta: int, value_first: bool, title: str) -> None:
     start(span, cta, first, role_events(flat, START, first)[0], pr[0], pieces[0], w0[0])
 
 
-def start(span, cta, first, prologue, tile0, piece0, pair0) -> None:
+def start(span, cta, first, begun, tile0, piece0, pair0) -> None:
     """The traced CTA's start, cycles from its begin (core/trace.cuh: the start's role,
     then the first tile's and the first piece's events): what comes before its first products."""
     begin = span[4 * cta + 1] - first
     at = lambda v: "-" if v is None else f"{v - begin}"  # noqa: E731
-    print(f"  start, cycles from the CTA's begin: barriers {at(prologue[0])} | walk started {at(prologue[1])} | "
-          f"CTA met {at(prologue[2])} | producer {at(prologue[3])}, consumers {at(prologue[4])} past setmaxnreg | "
+    print(f"  start, cycles from the CTA's begin: barriers {at(begun[0])} | walk started {at(begun[1])} | "
+          f"CTA met {at(begun[2])} | producer {at(begun[3])}, consumers {at(begun[4])} past setmaxnreg | "
           f"tile 0: EMPTY wait {at(tile0[0])}, copies issued {at(tile0[3])} | piece 0: Q issued {at(piece0[0])}, "
           f"Q landed {at(piece0[1])} | WG0's first S: boxes landed {at(pair0[1])}")
 
