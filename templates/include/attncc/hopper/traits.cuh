@@ -80,6 +80,22 @@ __host__ __device__ constexpr bool consumer_fences(int box) {
   return !Cfg::kProducerFences;
 }
 
+// The box whose FULL counts the copies of a box the consumers fence: where every copy of the plan
+// is a cp.async (no TMA box completing on its own), the last fenced box of its group (early
+// [0, kEarly), late [kEarly, kBoxes)), since the consumers wait for a group's fenced boxes
+// together before their one fence (tile.cuh: scores_issue) and a producer thread's
+// cp.async.mbarrier.arrive after the group's copies counts every copy it issued before: 128
+// arrivals a group, not 128 a box. Any other box: its own.
+template <class Cfg>
+__host__ __device__ constexpr int full_box(int box) {
+  if (Cfg::kTmaRows > 0 || !consumer_fences<Cfg>(box)) return box;
+  const int end = box < Cfg::kEarlyBoxes ? Cfg::kEarlyBoxes : Cfg::kBoxes;
+  int last = box;
+  for (int b = box + 1; b < end; ++b)
+    if (consumer_fences<Cfg>(b)) last = b;
+  return last;
+}
+
 // Where a role is in its stream of tiles, across the pieces it walks: per stage the parity of
 // the tiles it has held (bit s: the phase its barriers are in; a bit mask, not an array, which a
 // runtime stage index would put on the stack) and the pairs so far (seesaw: pair i is in the
