@@ -3,6 +3,7 @@ family's producer and consumers): where each warp group's time goes.
 
     python3 bench/stall_profile.py run SPEC LIB.so OUT.csv.gz [--batch 128 --sq 2 --heads 128
                                    --seqlen 8192 --page 64]                       # GPU, ncu
+    python3 bench/stall_profile.py command OUT.csv.gz --kernel REGEX [--skip 1] -- CMD ARGS...  # GPU, ncu
     python3 bench/stall_profile.py summary OUT.csv.gz [--top 12]                  # CPU
 
 run: Nsight Compute (`--set full`, source counters) on the second launch of the decode kernel
@@ -15,7 +16,9 @@ executed warp instructions with their samples. The roles are the code between se
 instructions, named by the one before (`USETMAXREG.TRY_ALLOC`: the consumers; `.DEALLOC`: the
 producer; none: the prologue, one CTA's setup): the order ptxas lays the roles out in, so a
 role's code after a shared tail would be counted with the role before it. Only the first kernel
-of the export is read."""
+of the export is read. command: the same for the first kernel matching REGEX past `--skip` launches of
+any command (a peer's kernel driven by .peers/sidebyside.py, to set beside ours); run and command
+also write ncu's details page (speed of light, pipes, warp states) beside OUT as OUT.details.txt."""
 from __future__ import annotations
 
 import argparse
@@ -117,23 +120,33 @@ def _open(path: Path) -> str:
     return (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode()
 
 
-def run(args) -> int:
+def profile(command: list[str], kernel: str, skip: int, out: Path, top: int) -> int:
+    """ncu `--set full` with source counters on one launch of `kernel` in `command`; the source page
+    to `out` (gzipped CSV), the details page beside it, the summary printed."""
     ncu = shutil.which("ncu")
     if ncu is None:
-        raise SystemExit("ncu (Nsight Compute) not found: `run` is for the GPU machine")
+        raise SystemExit("ncu (Nsight Compute) not found: profiling is for the GPU machine")
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "profile"
+        subprocess.run([ncu, "--set", "full", "--import-source", "yes", "-k", f"regex:{kernel}", "--launch-skip",
+                        str(skip), "-c", "1", "-f", "-o", str(report_path), *command], check=True)
+        rep = f"{report_path}.ncu-rep"
+        page = subprocess.run([ncu, "-i", rep, "--page", "source", "--csv", "--print-source", "sass"], check=True,
+                              capture_output=True, text=True).stdout
+        details = subprocess.run([ncu, "-i", rep, "--page", "details"], check=True, capture_output=True,
+                                 text=True).stdout
+    out.write_bytes(gzip.compress(page.encode()))
+    out.with_name(out.name.split(".")[0] + ".details.txt").write_text(details)
+    print(report(summarize(read_rows(page)), top))
+    return 0
+
+
+def run(args) -> int:
     ab = Path(__file__).resolve().parent / "ab.py"
     shape = ["--batch", str(args.batch), "--sq", str(args.sq), "--seqlen", str(args.seqlen)]
     shape += [f"--{k}={v}" for k, v in (("heads", args.heads), ("page", args.page)) if v is not None]
-    with tempfile.TemporaryDirectory() as tmp:
-        report_path = Path(tmp) / "profile"
-        subprocess.run([ncu, "--set", "full", "--import-source", "yes", "-k", "regex:decode", "--launch-skip", "1",
-                        "-c", "1", "-f", "-o", str(report_path), sys.executable, str(ab), args.spec, args.lib, args.lib,
-                        "--rounds", "1", *shape], check=True)
-        page = subprocess.run([ncu, "-i", f"{report_path}.ncu-rep", "--page", "source", "--csv", "--print-source",
-                               "sass"], check=True, capture_output=True, text=True).stdout
-    Path(args.out).write_bytes(gzip.compress(page.encode()))
-    print(report(summarize(read_rows(page)), args.top))
-    return 0
+    return profile([sys.executable, str(ab), args.spec, args.lib, args.lib, "--rounds", "1", *shape], "decode", 1,
+                   Path(args.out), args.top)
 
 
 def main(argv=None) -> int:
@@ -149,12 +162,23 @@ def main(argv=None) -> int:
     r.add_argument("--seqlen", type=int, default=8192)
     r.add_argument("--page", type=int)
     r.add_argument("--top", type=int, default=12)
+    c = sub.add_parser("command", help="profile one launch of a kernel in any command (ncu), export, summarize")
+    c.add_argument("out")
+    c.add_argument("--kernel", required=True, help="regex of the kernel's name")
+    c.add_argument("--skip", type=int, default=1, help="launches of it to skip first (warm-up)")
+    c.add_argument("--top", type=int, default=12)
     s = sub.add_parser("summary", help="summarize an export (CSV, gzipped or not)")
     s.add_argument("csv")
     s.add_argument("--top", type=int, default=12)
-    args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv[argv.index("--") + 1:] if "--" in argv else []  # `command`'s command, after --
+    args = ap.parse_args(argv[:len(argv) - len(cmd) - 1] if "--" in argv else argv)
     if args.command == "run":
         return run(args)
+    if args.command == "command":
+        if not cmd:
+            ap.error("command: give the command to profile after --")
+        return profile(cmd, args.kernel, args.skip, Path(args.out), args.top)
     try:
         rows = read_rows(_open(Path(args.csv)))
     except (OSError, ValueError) as e:

@@ -115,6 +115,39 @@ def test_stall_profile_splits_roles_at_setmaxnreg(tmp_path, capsys):
         sp.main(["summary", str(not_ncu)])
 
 
+
+def test_stall_profile_command_profiles_the_named_kernel_of_any_command(tmp_path, capsys, monkeypatch):
+    """bench/stall_profile.py command: the words after `--` are the profiled command, the kernel
+    regex and the skip reach ncu, the source page and the details page land beside OUT; no
+    command after `--` is refused."""
+    import gzip
+
+    sp = load_script(REPO / "bench" / "stall_profile.py", "attncc_bench_stall_profile_cmd")
+    page = '"Kernel Name","peer",\n"Source","Warp Stall Sampling (All Samples)","Instructions Executed"\n' \
+           '"HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ","5","8"\n'
+    calls = []
+
+    class Done:
+        def __init__(self, stdout):
+            self.stdout = stdout
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return Done(page if "source" in cmd else "details of the peer")
+
+    monkeypatch.setattr(sp.shutil, "which", lambda name: "/opt/ncu")
+    monkeypatch.setattr(sp.subprocess, "run", fake_run)
+    out = tmp_path / "peer.csv.gz"
+    assert sp.main(["command", str(out), "--kernel", "flash_fwd", "--skip", "3", "--",
+                    "python3", "peer.py", "--only", "x"]) == 0
+    assert calls[0][-4:] == ["python3", "peer.py", "--only", "x"]
+    assert "regex:flash_fwd" in calls[0] and calls[0][calls[0].index("--launch-skip") + 1] == "3"
+    assert gzip.decompress(out.read_bytes()).decode() == page
+    assert (tmp_path / "peer.details.txt").read_text() == "details of the peer"
+    assert "prologue: 5 samples" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sp.main(["command", str(out), "--kernel", "flash_fwd"])
+
 def test_kernel_split_groups_a_profile_into_calls():
     """bench/kernel_split.py: kernel events of several calls (with the flush and spin kernels
     between, in any order) become each kernel's median duration and a call's median span; calls
