@@ -85,7 +85,9 @@ __host__ __device__ constexpr bool consumer_fences(int box) {
 // [0, kEarly), late [kEarly, kBoxes)), since the consumers wait for a group's fenced boxes
 // together before their one fence (tile.cuh: scores_issue) and a producer thread's
 // cp.async.mbarrier.arrive after the group's copies counts every copy it issued before: 128
-// arrivals a group, not 128 a box. Any other box: its own.
+// arrivals a group, not 128 a box (H100, same-process A/B, outputs bitwise equal: MLA page 1
+// 0.988 s_q 1 / 0.991 s_q 2, page 8 0.982, GLA-2 page 1 1.002 / 0.990, MQA-256 page 1 0.994;
+// bench/RESULTS.md, session 47). Any other box: its own.
 template <class Cfg>
 __host__ __device__ constexpr int full_box(int box) {
   if (Cfg::kTmaRows > 0 || !consumer_fences<Cfg>(box)) return box;
