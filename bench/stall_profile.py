@@ -171,8 +171,8 @@ def main(argv=None) -> int:
     s.add_argument("csv")
     s.add_argument("--top", type=int, default=12)
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmd = argv[argv.index("--") + 1:] if "--" in argv else []  # `command`'s command, after --
-    args = ap.parse_args(argv[:len(argv) - len(cmd) - 1] if "--" in argv else argv)
+    split = argv.index("--") if "--" in argv else len(argv)  # `command`'s command, after --
+    args, cmd = ap.parse_args(argv[:split]), argv[split + 1:]
     if args.command == "run":
         return run(args)
     if args.command == "command":

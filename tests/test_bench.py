@@ -115,7 +115,6 @@ def test_stall_profile_splits_roles_at_setmaxnreg(tmp_path, capsys):
         sp.main(["summary", str(not_ncu)])
 
 
-
 def test_stall_profile_command_profiles_the_named_kernel_of_any_command(tmp_path, capsys, monkeypatch):
     """bench/stall_profile.py command: the words after `--` are the profiled command, the kernel
     regex and the skip reach ncu, the source page and the details page land beside OUT; no
@@ -147,6 +146,7 @@ def test_stall_profile_command_profiles_the_named_kernel_of_any_command(tmp_path
     assert "prologue: 5 samples" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         sp.main(["command", str(out), "--kernel", "flash_fwd"])
+
 
 def test_kernel_split_groups_a_profile_into_calls():
     """bench/kernel_split.py: kernel events of several calls (with the flush and spin kernels

@@ -49,7 +49,7 @@
 //   arrives FLAGS[stage] (release: the consumers' wait acquires them);
 //   per box, in the stage's order (traits.cuh): its cp.async, then cp.async.mbarrier.arrive on
 //   FULL[stage][box], which completes when the copies of every producer thread have landed (where
-//   the consumers fence the box, only on the last fenced box of its group: traits.cuh, full_box).
+//   the consumers fence the box, only on the last fenced box of its group: traits.cuh, fenced_full).
 // Where a box's writer cannot fence its stores to the async proxy (wgmma) before FULL counts them
 // (a cp.async plan's 16-bit boxes), the consumers do after their FULL wait (traits.cuh:
 // consumer_fences); the producer fences the fp8 boxes it converts, a crossover plan's boxes it
@@ -262,7 +262,7 @@ struct TileTokens {
         const uint32_t dst = T::stage_box(sbase, stage, box);
 #pragma unroll
         for (int k = 0; k < kMine; ++k) cp_async_16_at<kBoxBytes>(dst + sw128(row(p, k), p % 8), base, off[k][src.tensor], valid[k]);
-        if constexpr (consumer_fences<Cfg>(box) && full_box<Cfg>(box) == box) cp_async_arrive(T::full(sbase, stage, box));
+        if constexpr (fenced_full<Cfg>(box)) cp_async_arrive(T::full(sbase, stage, box));
       }
     });
     if constexpr (Cfg::kProducerFences && Cfg::kTmaRows > 0) {  // a TMA plan's cp.async tile: landed, fenced, then FULL

@@ -71,8 +71,8 @@ __device__ __forceinline__ void release_stage(uint32_t bar, uint32_t sbase) {
 // the warp group's 64 rows in the Q tile's first box. trace_slot: the warp group's trace slot
 // (core/trace.cuh: event 1, every box landed), -1 for none. The boxes the consumers fence
 // (consumer_fences: a cp.async plan's 16-bit boxes) are waited for a group of the stage at a time,
-// as its first box is reached, on the one FULL that counts them (traits.cuh: full_box), and fenced once (a fence is a MEMBAR.ALL.CTA; the producer issues
-// a group's copies together); the others each as it comes (crossover's: the peer's stores arrive
+// as its first box is reached, on the one FULL that counts them (traits.cuh: fenced_full), and
+// fenced once (a fence is a MEMBAR.ALL.CTA; the producer issues a group's copies together); the others each as it comes (crossover's: the peer's stores arrive
 // pair by pair).
 template <class Cfg>
 __device__ __forceinline__ void scores_issue(float (&s)[32], uint32_t q, uint32_t sbase, int stage, int parity, int trace_slot = -1) {
@@ -84,8 +84,7 @@ __device__ __forceinline__ void scores_issue(float (&s)[32], uint32_t q, uint32_
     if constexpr (box == 0 || box == T::kEarly) {  // a group's first box: its fenced boxes, one fence
       constexpr int kEnd = box == 0 ? T::kEarly : T::kBoxes;
       static_for<kEnd - box>([&](auto j) {
-        constexpr int b = box + decltype(j)::value;
-        if constexpr (consumer_fences<Cfg>(b) && full_box<Cfg>(b) == b) mbarrier_wait(T::full(sbase, stage, b), parity);
+        if constexpr (fenced_full<Cfg>(box + decltype(j)::value)) mbarrier_wait(T::full(sbase, stage, box + decltype(j)::value), parity);
       });
       if constexpr (fences_some<Cfg>(box, kEnd)) fence_async_shared();  // the producer's cp.async (generic proxy) -> wgmma (async proxy)
     }

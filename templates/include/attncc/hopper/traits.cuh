@@ -80,22 +80,22 @@ __host__ __device__ constexpr bool consumer_fences(int box) {
   return !Cfg::kProducerFences;
 }
 
-// The box whose FULL counts the copies of a box the consumers fence: where every copy of the plan
-// is a cp.async (no TMA box completing on its own), the last fenced box of its group (early
-// [0, kEarly), late [kEarly, kBoxes)), since the consumers wait for a group's fenced boxes
-// together before their one fence (tile.cuh: scores_issue) and a producer thread's
+// Whether box `box` is one the consumers fence whose FULL counts its group's copies: where every
+// copy of the plan is a cp.async (no TMA box completing on its own), only the last fenced box of
+// its group (early [0, kEarly), late [kEarly, kBoxes)), since the consumers wait for a group's
+// fenced boxes together before their one fence (tile.cuh: scores_issue) and a producer thread's
 // cp.async.mbarrier.arrive after the group's copies counts every copy it issued before: 128
 // arrivals a group, not 128 a box (H100, same-process A/B, outputs bitwise equal: MLA page 1
 // 0.988 s_q 1 / 0.991 s_q 2, page 8 0.982, GLA-2 page 1 1.002 / 0.990, MQA-256 page 1 0.994;
-// bench/RESULTS.md, session 47). Any other box: its own.
+// bench/RESULTS.md, session 47). The producer arrives on, and the consumers wait for, these FULLs.
 template <class Cfg>
-__host__ __device__ constexpr int full_box(int box) {
-  if (Cfg::kTmaRows > 0 || !consumer_fences<Cfg>(box)) return box;
+__host__ __device__ constexpr bool fenced_full(int box) {
+  if (!consumer_fences<Cfg>(box)) return false;
+  if (Cfg::kTmaRows > 0) return true;
   const int end = box < Cfg::kEarlyBoxes ? Cfg::kEarlyBoxes : Cfg::kBoxes;
-  int last = box;
   for (int b = box + 1; b < end; ++b)
-    if (consumer_fences<Cfg>(b)) last = b;
-  return last;
+    if (consumer_fences<Cfg>(b)) return false;
+  return true;
 }
 
 // Where a role is in its stream of tiles, across the pieces it walks: per stage the parity of
