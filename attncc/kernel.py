@@ -25,11 +25,13 @@ def _direct_launch(q) -> bool:
 
 
 def _schedule_of(splits: int, metadata, q):
-    """(num_splits, schedule) of a call: num_splits= first, else the metadata's count and, on the
-    device, its parts' lines (k.plan(seqlens); the torch.library ops, which torch.compile traces,
-    take the count alone)."""
+    """(num_splits, schedule) of a call: num_splits= first, else the count of the metadata made
+    for the call's s_q and, on the device, its parts' lines (k.plan(seqlens); the torch.library
+    ops, which torch.compile traces, take the count alone)."""
     if splits or metadata is None:
         return splits, None
+    if isinstance(q, torch.Tensor) and q.dim() == 4:  # [b, s_q, h_q, d] (another shape: refused by the call's checks)
+        metadata = metadata.for_sq(int(q.shape[1]))
     schedule = metadata.schedule
     if schedule is not None and isinstance(q, torch.Tensor) and schedule.device != q.device:
         raise ValueError(f"metadata: made by k.plan on {schedule.device}, the call is on {q.device}")

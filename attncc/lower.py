@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from . import families, split
@@ -59,13 +59,20 @@ class Plan:
     def canonical_json(self) -> str:
         return json.dumps(self.template_dict(), sort_keys=True, separators=(",", ":"))
 
-    def __call__(self, seqlens, s_q: int = 1, num_sms: int | None = None,
+    def __call__(self, seqlens, s_q: int | None = None, num_sms: int | None = None,
                  max_seqlen: int | None = None) -> split.DecodeMetadata:
         """Scheduling metadata for one decode step, shared by all layers of that step
         (`k.plan(seqlens)`; attncc/split.py): from shapes (and max_seqlen when given), never
         from the lengths' values, so it costs no host sync. Lengths in a CUDA tensor of a plan
         with a built op: a part-mode step's parts are cut there too (core/plan.cuh), once for
-        every layer's call, with device work only."""
+        every layer's call, with device work only. For the step's s_q (query tokens a
+        sequence) or, without it, for every s_q the spec takes, each call taking its own
+        (DecodeMetadata.for_sq)."""
+        if s_q is None:
+            first, *others = (self(seqlens, n, num_sms, max_seqlen) for n in range(1, self.max_sq + 1))
+            return replace(first, others=tuple(others))
+        if not isinstance(s_q, int) or not 1 <= s_q <= self.max_sq:
+            raise ValueError(f"s_q: {s_q!r} query tokens a sequence; the spec takes 1..{self.max_sq}")
         meta = split.metadata(self, seqlens, s_q, num_sms or self.num_sms, self.ctas_per_sm, max_seqlen)
         return meta if self.scheduler is None else self.scheduler(meta, seqlens, s_q, num_sms)
 

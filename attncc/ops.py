@@ -300,7 +300,7 @@ def plan_schedule(plan: Plan, library, meta: split.DecodeMetadata, seqlens, s_q:
     args.seqlens, args.block_table_cols = lengths.data_ptr(), 0  # no block table: unclamped
     args.stream = torch.cuda.current_stream(device).cuda_stream
     _on(device, lambda a: library().plan_schedule(a, lines.data_ptr()), args)
-    return split.DecodeMetadata(-parts, meta.longest, schedule=lines)
+    return split.DecodeMetadata(-parts, meta.longest, schedule=lines, s_q=s_q)
 
 
 _OPS: dict[str, object] = {}

@@ -26,6 +26,21 @@ class DecodeMetadata:
     # part mode, lengths on the device: the parts' lines made there (abi.h AttnccArgs.schedule; a
     # uint8 CUDA tensor of -num_splits lines), which the decode CTAs read instead of cutting the line
     schedule: Any = field(default=None, compare=False, repr=False)
+    # the query tokens a sequence it was made for (None: any, a count of the caller's own), and
+    # k.plan(seqlens)'s metadata of the spec's other query lengths, which a call at one of them takes
+    s_q: int | None = None
+    others: tuple = ()
+
+    def for_sq(self, s_q: int) -> DecodeMetadata:
+        """The metadata a call of s_q query tokens a sequence takes: the parts of one s_q
+        launched at another would be cut for its rows (MLA b = 128 s_q 2 with s_q 1's: 66 parts
+        of 4 CTAs, two waves on 132 SMs), so one made for another s_q only is refused."""
+        for meta in (self, *self.others):
+            if meta.s_q is None or meta.s_q == s_q:
+                return meta
+        made = ", ".join(str(m.s_q) for m in (self, *self.others))
+        raise ValueError(f"metadata: made by k.plan(seqlens, s_q=...) for s_q {made}; this call's q has s_q {s_q} "
+                         f"(k.plan(seqlens) without s_q makes it for every s_q the spec takes)")
 
 
 def balanced(plan) -> bool:
@@ -123,19 +138,20 @@ def metadata(plan, seqlens, s_q: int, sms: int, ctas_per_sm: int,
     it reads no length (no host sync; a CUDA graph can hold it). Balanced plans keep 0 (parts
     chosen at launch). A split plan takes its split count from `max_seqlen` when the caller
     knows it (engines do, on the host); without it, balanced parts: the kernels then spread
-    the step's tiles from the lengths on the device. longest: topk, max_seqlen or None."""
+    the step's tiles from the lengths on the device. longest: topk, max_seqlen or None. Made
+    for s_q query tokens a sequence (DecodeMetadata.for_sq)."""
     batch = len(seqlens)
     if plan.sparse:
         if balanced(plan):
-            return DecodeMetadata(0, plan.topk)
-        return DecodeMetadata(num_splits(plan, batch, s_q, plan.topk, sms), plan.topk)
+            return DecodeMetadata(0, plan.topk, s_q=s_q)
+        return DecodeMetadata(num_splits(plan, batch, s_q, plan.topk, sms), plan.topk, s_q=s_q)
     if batch == 0:
-        return DecodeMetadata(1, 0)
+        return DecodeMetadata(1, 0, s_q=s_q)
     if balanced(plan):
-        return DecodeMetadata(0, max_seqlen)
+        return DecodeMetadata(0, max_seqlen, s_q=s_q)
     if max_seqlen is not None:
-        return DecodeMetadata(num_splits(plan, batch, s_q, max_seqlen, sms), max_seqlen)
-    return DecodeMetadata(-num_parts(plan, s_q, sms, ctas_per_sm), None)
+        return DecodeMetadata(num_splits(plan, batch, s_q, max_seqlen, sms), max_seqlen, s_q=s_q)
+    return DecodeMetadata(-num_parts(plan, s_q, sms, ctas_per_sm), None, s_q=s_q)
 
 
 def workspace_shapes(plan, batch: int, s_q: int, splits: int, parts: int):

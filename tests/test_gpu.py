@@ -704,6 +704,12 @@ def test_step_schedule_made_on_the_device(kernels, name):
             _poison(k.spec, batch, s_q)
             cut = _run(k, case, metadata=dataclasses.replace(metadata, schedule=None))  # the same parts, cut by the CTAs
             assert torch.equal(read[0], cut[0]) and torch.equal(read[1], cut[1]), f"s_q {s_q} lengths {lengths[:12]}"
+            with no_host_sync():
+                every = k.plan(on_device)  # no s_q: each s_q's parts and lines, the call's taken
+            assert every.for_sq(s_q).num_splits == metadata.num_splits and _schedule_lines(every.for_sq(s_q)) == lines
+            _poison(k.spec, batch, s_q)
+            taken = _run(k, case, metadata=every)
+            assert torch.equal(read[0], taken[0]) and torch.equal(read[1], taken[1]), f"s_q {s_q} lengths {lengths[:12]}"
             result = testing.compare(k.spec, case, *read)
             assert result.ok, f"s_q {s_q} lengths {lengths[:12]}: {result}"
     k.check()  # no schedule was refused, no value flagged

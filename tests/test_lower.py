@@ -6,6 +6,7 @@ check the same at build time), stage every cache run once, honour the schedule's
 turn an impossible schedule into a positioned SpecError at the knob."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import warnings
@@ -1095,10 +1096,10 @@ def test_plan_call_reads_no_length():
     assert isinstance(meta, DecodeMetadata) and meta.num_splits < 0 and meta.longest is None
     assert k.plan(torch.tensor([100, 8192, 7], dtype=torch.int32)) == k.plan([5, 5, 5]) == meta
     known = k.plan([100, 8192, 7], max_seqlen=8192)
-    assert known == DecodeMetadata(num_splits(k.plan, 3, 1, 8192, k.plan.num_sms), 8192)
+    assert known == DecodeMetadata(num_splits(k.plan, 3, 1, 8192, k.plan.num_sms), 8192, s_q=1)
     assert known.num_splits > 1
     assert k.plan([1, 2, 3], max_seqlen=8192, num_sms=8).num_splits <= known.num_splits
-    assert k.plan([]) == DecodeMetadata(1, 0)
+    assert k.plan([]) == DecodeMetadata(1, 0, s_q=1)
     balanced = example("mla")
     assert split.balanced(balanced.plan) and balanced.plan(Unreadable([1])).num_splits == 0
 
@@ -1149,8 +1150,46 @@ def test_num_parts_fill_the_sms_once():
     assert split.num_parts(mla, 1, 132, 1) == 66
     assert split.num_parts(mla, 2, 132, 2) == 66   # two CTAs per SM: twice the parts
     assert split.num_parts(mla, 2, 2, 1) == 1      # never zero parts
-    assert example("mla").plan([5, 9000], s_q=2) == DecodeMetadata(0, None)  # no length read
-    assert example("mla").plan([5, 9000], s_q=2, max_seqlen=9000) == DecodeMetadata(0, 9000)
+    assert example("mla").plan([5, 9000], s_q=2) == DecodeMetadata(0, None, s_q=2)  # no length read
+    assert example("mla").plan([5, 9000], s_q=2, max_seqlen=9000) == DecodeMetadata(0, 9000, s_q=2)
+
+
+def test_plan_without_s_q_serves_every_s_q():
+    """k.plan(seqlens) (DESIGN.md 3a: no s_q) holds the metadata of each s_q the spec takes and
+    a call takes its own: parts cut for s_q 1 and launched at s_q 2 would be twice the CTAs
+    (MLA h_q 64 with split_kv 3: 132 parts of 1 CTA at s_q 1, 66 of 2 at s_q 2; h_q 128 b = 128
+    on the device: 66 parts of 4 CTAs, two waves)."""
+    text = MLA_ATTENTION.replace("heads q = 128", "heads q = 64")
+    assert text != MLA_ATTENTION
+    k = compile_quiet(with_schedule(text, "mla", "target sm90a", "split_kv 3"))
+    assert not split.balanced(k.plan) and k.plan.max_sq == 2
+    meta = k.plan([5, 9000, 33])
+    one, two = (k.plan([5, 9000, 33], s_q=n) for n in (1, 2))
+    assert meta == dataclasses.replace(one, others=(two,)) and meta.for_sq(1) is meta and meta.for_sq(2) == two
+    assert [meta.for_sq(n).num_splits for n in (1, 2)] == [-132, -66]
+    assert meta.for_sq(2).s_q == 2 and meta.for_sq(2).others == ()
+    with pytest.raises(ValueError, match=r"made by k.plan\(seqlens, s_q=...\) for s_q 1, 2; this call's q has s_q 3"):
+        meta.for_sq(3)
+    with pytest.raises(ValueError, match=r"for s_q 1; this call's q has s_q 2"):
+        k.plan([5], s_q=1).for_sq(2)
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match=rf"s_q: {bad} query tokens a sequence; the spec takes 1..2"):
+            k.plan([5], s_q=bad)
+    own = DecodeMetadata(2, 9)  # a count of the caller's own: any s_q
+    assert own.for_sq(1) is own and own.for_sq(2) is own
+
+
+def test_a_call_refuses_metadata_of_another_s_q():
+    """On CPU tensors too: a call at s_q 2 with metadata made for s_q 1 only says so (a wrong
+    part count is not silently launched); the metadata of k.plan(seqlens) runs at either."""
+    from attncc import testing
+
+    k = example("mla")
+    case = testing.random_case(k.spec, [300, 70, 5], 2, device="cpu", seed=4)
+    with pytest.raises(ValueError, match="metadata: made by k.plan.* for s_q 1; this call's q has s_q 2"):
+        k(case.q, case.cache, case.block_table, case.seqlens, metadata=k.plan(case.seqlens, s_q=1))
+    out, lse = k(case.q, case.cache, case.block_table, case.seqlens, metadata=k.plan(case.seqlens))
+    assert testing.compare(k.spec, case, out, lse).ok
 
 
 # --- properties over random specs -----------------------------------------------------
