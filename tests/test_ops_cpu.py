@@ -158,6 +158,25 @@ def test_torch_compile_fullgraph_through_the_kernel_call():
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 
 
+def test_torch_compile_fullgraph_with_the_step_metadata_at_each_s_q():
+    """k.plan(seqlens)'s metadata (one for every s_q the spec takes) passed into a compiled step
+    (dynamic shapes): each s_q's call takes its own and gives the eager call's results."""
+    k = attncc.compile(MLA_SMALL)
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True, dynamic=True)
+    def step(q, cache, block_table, seqlens, metadata):
+        return k(q, cache, block_table, seqlens, metadata=metadata)
+
+    for s_q in (1, 2, 1):
+        case, _ = op_args(k, s_q=s_q, seed=10 + s_q)
+        metadata = k.plan(case.seqlens)
+        assert metadata.for_sq(s_q).s_q == s_q
+        got = step(case.q, case.cache, case.block_table, case.seqlens, metadata)
+        eager = k(case.q, case.cache, case.block_table, case.seqlens)
+        assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1]), s_q
+
+
 # A fresh Kernel whose first use is inside a compiled function: DESIGN.md §3 says k.op
 # "works under torch.compile"; nothing says it must be touched eagerly first.
 FRESH = MLA_SMALL.replace("attention mla_small", "attention mla_fresh")
