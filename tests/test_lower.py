@@ -1172,9 +1172,10 @@ def test_plan_without_s_q_serves_every_s_q():
         meta.for_sq(3)
     with pytest.raises(ValueError, match=r"for s_q 1; this call's q has s_q 2"):
         k.plan([5], s_q=1).for_sq(2)
-    for bad in (0, 3):
-        with pytest.raises(ValueError, match=rf"s_q: {bad} query tokens a sequence; the spec takes 1..2"):
+    for bad in (0, 3, 1.5, "2", True):
+        with pytest.raises(ValueError, match=rf"s_q: {re.escape(repr(bad))} query tokens a sequence; the spec takes 1..2"):
             k.plan([5], s_q=bad)
+    assert k.plan([5], s_q=torch.tensor(2)) == k.plan([5], s_q=2)  # an int of another kind
     own = DecodeMetadata(2, 9)  # a count of the caller's own: any s_q
     assert own.for_sq(1) is own and own.for_sq(2) is own
 
