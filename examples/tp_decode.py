@@ -270,6 +270,7 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"{s.layout} over {world} rank(s): {args.steps} steps in {time.perf_counter() - start:.2f} s; "
                   f"|x| = {x.float().norm():.4f}")
+    dist.barrier()  # every rank past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 
