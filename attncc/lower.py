@@ -9,12 +9,11 @@ it on CPU tensors)."""
 from __future__ import annotations
 
 import json
-import operator
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from . import families, split
+from . import families, split, validate
 from .abi import MAX_TENSORS
 from .errors import SpecError
 from .families import KernelConfig, Refusal
@@ -72,13 +71,7 @@ class Plan:
         if s_q is None:
             first, *others = (self(seqlens, n, num_sms, max_seqlen) for n in range(1, self.max_sq + 1))
             return replace(first, others=tuple(others))
-        given = s_q
-        try:
-            s_q = None if isinstance(s_q, bool) else operator.index(s_q)  # an int of any kind (numpy's, a shape's)
-        except TypeError:
-            s_q = None
-        if s_q is None or not 1 <= s_q <= self.max_sq:
-            raise ValueError(f"s_q: {given!r} query tokens a sequence; the spec takes 1..{self.max_sq}")
+        s_q = validate.query_len(s_q, self.max_sq)
         meta = split.metadata(self, seqlens, s_q, num_sms or self.num_sms, self.ctas_per_sm, max_seqlen)
         return meta if self.scheduler is None else self.scheduler(meta, seqlens, s_q, num_sms)
 

@@ -286,8 +286,7 @@ def plan_schedule(plan: Plan, library, meta: split.DecodeMetadata, seqlens, s_q:
     if seqlens.dim() != 1 or seqlens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"seqlens: expected a 1-d int32 tensor of the batch's lengths, got "
                          f"{tuple(seqlens.shape)} {seqlens.dtype}")
-    if not 1 <= s_q <= plan.max_sq:
-        raise ValueError(f"s_q: {s_q} query tokens; the spec takes 1..{plan.max_sq}")
+    s_q = validate.query_len(s_q, plan.max_sq)
     batch, device = seqlens.shape[0], seqlens.device
     if batch == 0:
         return meta

@@ -3,6 +3,7 @@ argument's name and what was expected, before anything runs."""
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -178,6 +179,18 @@ def num_splits(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"num_splits: expected a positive int (splits per sequence) or None, got {value!r}")
     return value
+
+
+def query_len(value, max_sq: int) -> int:
+    """k.plan's `s_q=` (query tokens a sequence): an int of any kind (numpy's, a 0-d tensor's),
+    not a bool, within the spec's 1..max_sq."""
+    try:
+        s_q = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        s_q = None
+    if s_q is None or not 1 <= s_q <= max_sq:
+        raise ValueError(f"s_q: {value!r} query tokens a sequence; the spec takes 1..{max_sq}")
+    return s_q
 
 
 def _read_back(*scalars: torch.Tensor) -> list[int]:
