@@ -160,6 +160,9 @@ CHOICES = [
     ("gla2", "overlap=false"), ("gla2_page5", "overlap=false"),
     # whole_parts=true where not taken: the seesaw's paged cp.async producer on parts of whole sequences
     ("mla_page1_h128", "whole_parts=true"),
+    # value_first_rows: the 16-bit cp.async seesaw without its value-first form (0: every call on the
+    # plain seesaw) and with it at every call (256: s_q 2 too)
+    ("mla_page1_h128", "value_first_rows=0"), ("mla_page1_h128", "value_first_rows=256"),
     # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],

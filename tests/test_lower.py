@@ -662,6 +662,30 @@ def test_crossover_is_applied_by_the_hopper_family_and_explained():
     assert re.search(r"^\s+crossover\s+False\s+not chosen: each CTA converts", plain.explain(), re.M)
 
 
+def test_the_paged_16bit_seesaw_has_a_value_first_form_for_calls_of_few_rows():
+    """The seesaw's 16-bit cp.async plans (a page TMA cannot take) carry a second, value-first form
+    of their kernels (WG1's product of tile a before S_b) for calls of at most 128 query rows a
+    kv head, and explain says so; the plan's own form keeps the plain seesaw order. A TMA page,
+    the stacked schedule, sparse bf16 and the fp8 plans (value first in their own form) have none."""
+    for name, source in (("mla_page1_h128", EXTRA["mla_page1_h128"]), ("mla page 8", mla(page=8, heads=128))):
+        plan = compile_quiet(source).plan
+        cfg = plan.config
+        assert plan.family == "hopper" and cfg.seesaw and cfg.tma_rows == 0, name
+        assert cfg.value_first_rows == 128 and not cfg.value_first and not cfg.relay, name
+        source_text = render(plan)
+        assert "static constexpr int kValueFirstRows = 128;" in source_text, name
+        assert "static constexpr bool kValueFirst = false;" in source_text, name
+        text = plan.explain_lines(1, 4096, 1)
+        assert any(re.search(r"value_first_rows\s+128\s+a second form, value first, for calls of at most 128 "
+                             r"query rows a kv head", line) for line in text), name
+    for name in ("mla_page16", "gla2_page5", "sparse_bf16_h128", "sparse_fp8_h128", "mla_fp8_crossover"):
+        assert compile_quiet(EXTRA[name]).plan.config.value_first_rows == 0, name
+    page64 = compile_quiet(mla(heads=128)).plan
+    assert page64.config.value_first_rows == 0
+    assert any(re.search(r"value_first_rows\s+0\s+no second form: the value first measured slower where TMA", line)
+               for line in page64.explain_lines(1, 4096, 1))
+
+
 def test_the_fp8_seesaw_is_paced_by_its_producer_and_says_so():
     """Where the seesaw's producer converts fp8 tiles itself (no TMA), the lowering loads slots a
     tile ahead and runs the relay (WG0 alone computes S and hands P to WG1: 192 / 160 / 152

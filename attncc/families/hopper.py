@@ -66,6 +66,8 @@ TILE_M = 64            # query rows of a CTA (seesaw): one wgmma M, shared by bo
 STACKED_TILE_M = 128   # ... (stacked): one wgmma M per consumer warp group
 STACKED_MAX_COLS = 256  # the widest value one warp group holds (64 x 256 fp32: 128 registers a thread)
 TILE_N = 64            # tokens of a KV tile (a P tile is then one box)
+VALUE_FIRST_ROWS = 2 * TILE_M  # the 16-bit cp.async seesaw: calls of at most two row blocks a kv head take
+                               # the value-first form (two CTAs read each token: the producer sets the pace)
 TMA_MAX_PAGES = 4      # pages of a TMA tile (page 16 or 32): the seesaw's producer holds the page numbers of
                        # four tiles (at page 8, eight a tile, the part kernels spilled 8-32 bytes, ptxas)
 PAIR_STAGES = 2        # a pair of tiles, the seesaw's unit, in two stages
@@ -122,6 +124,8 @@ class HopperConfig(KernelConfig):
                               # each owns 64 rows, or alternate tiles of the same rows)
     crossover: bool           # clusters of two CTAs (row blocks 2i, 2i + 1) sharing the fp8 conversion
     value_first: bool         # seesaw: WG1 takes O_R += P_a V_a before S_b (stage a free before b lands)
+    value_first_rows: int     # seesaw, value_first off: the kernels' value-first form too, which a call takes
+                              # where a kv head has at most this many query rows (s_q x group); 0: none
     relay: bool               # the seesaw's halves, but WG0 alone computes S and hands P to WG1 (relay.cuh)
     skip_unmoved: bool        # seesaw (not relay): a warp skips a rescale of O where none of its rows moved its
                               # max (every c = 1, so the same bits), by a vote
@@ -423,6 +427,18 @@ class HopperFamily(Family):
         # of the time, s_q 1 0.943, h_q 64 0.949, fp8 dense 0.934; slots ahead alone 0.972 and
         # 0.985; on MLA bf16 page 1 (a cp.async plan, products set the pace) 1.014 / 1.000
         converts = seesaw and layout.fp8 and tma_rows == 0
+        # the seesaw's 16-bit cp.async producer (pages TMA cannot take: 1, 5, 8) sets the pace where
+        # few rows read each token: at page 1 the consumers waited on FULL for a third of their
+        # samples (ncu, bench/RESULTS.md session 48), WG1 at a pair's start on tile b, which the
+        # producer refills only once both groups are done with the pair before. The value-first
+        # form hands WG1 tile a's product first, so tile b has that much longer to land. Measured
+        # against the plain seesaw (H100, same-process A/B, bitwise equal; session 50): MLA h_q 128
+        # page 1 s_q 1 0.944 of the time, b=8 s_k 32768 0.953, but s_q 2 (four CTAs a token: the
+        # products set the pace) 1.034, page 8 s_q 2 1.018; TMA pages 1.07-1.15. So the plan
+        # carries it as a second form that a call takes where a kv head has at most
+        # VALUE_FIRST_ROWS query rows (s_q x group), hopper/launch.cuh
+        paged_value_first_rows = (VALUE_FIRST_ROWS if seesaw and tma_rows == 0 and not layout.fp8 and not spec.sparse
+                                  else 0)
         # relay (relay.cuh, FlashMLA's sparse fp8 division of the work): WG0 alone computes S and
         # hands P to WG1, whose registers are then O_R's. Where the producer sets the pace it
         # measured faster than the seesaw at b=128 (H200, same-process A/B, all ok against the
@@ -471,8 +487,18 @@ class HopperFamily(Family):
             ("value_first", "relay: WG1 computes no S" if relay else
              "the producer's fp8 conversion sets the pace: WG1 takes O_R += P_a V_a "
              "before S_b, so stage a's late boxes are free before tile b lands" if converts else
+             "not in the plan's form: WG1 computes S_b beside WG0's S_a (the products set the pace; "
+             "value_first_rows: the calls that take a value-first form)" if paged_value_first_rows else
              "not chosen: WG1 computes S_b beside WG0's S_a (the products set the pace)" if seesaw else
              "seesaw only"),
+            ("value_first_rows", f"a second form, value first, for calls of at most {paged_value_first_rows} "
+             "query rows a kv head (s_q x group: two CTAs read each token): there the cp.async producer "
+             "sets the pace, and WG1's product of tile a before S_b gives tile b longer to land "
+             "(same-process A/B, H100, MLA h_q 128 page 1: s_q 1 0.944 of the time, b=8 0.953; s_q 2 "
+             "1.034)" if paged_value_first_rows else
+             "no second form: the value first measured slower where TMA copies the tiles (MLA page 64 "
+             "1.04-1.14, page 16 1.07-1.15)" if seesaw and not layout.fp8 and not spec.sparse else
+             "no second form"),
             ("skip_unmoved", "chosen: a warp skips a rescale of O where none of its 16 rows moved its max "
              "(the same bits; same-process A/B, H200, bf16 MLA b=128: s_q 2 0.973, s_q 1 0.962, h_q 64 0.964, "
              "b=8 0.988, b=1 1.000 of the time without)" if seesaw and not relay else
@@ -571,7 +597,7 @@ class HopperFamily(Family):
             registers=registers, compute_bound=True,
             dependent_launch=target.dependent_launch, ready_words=ready, combine_blocks=blocks,
             whole_parts=whole, whole_tight_rows=tight_rows, whole_slack_tiles=slack_tiles, piece_cost_tiles=cost, seesaw=seesaw, crossover=crossover,
-            value_first=converts and not relay, slots_ahead=converts, relay=relay,
+            value_first=converts and not relay, value_first_rows=paged_value_first_rows, slots_ahead=converts, relay=relay,
             skip_unmoved=skips_unmoved(seesaw=seesaw, relay=relay),
             group_fence=group_fence,
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,

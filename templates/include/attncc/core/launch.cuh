@@ -7,7 +7,13 @@
 //       template <class C> static auto parts();    // the part-mode kernel
 //       template <class C, class Kernel>           // its launch on `ctas` CTAs
 //       static cudaError_t start(Kernel kernel, unsigned ctas, const AttnccArgs& a, cudaStream_t stream);
+//       template <class C> static constexpr bool has_second();      // a second form of C's kernels,
+//       template <class C> using Second = ...;                       // ... its config,
+//       template <class C> static bool takes_second(const AttnccArgs& a);  // ... and the calls that take it
 //     };
+// (A second form is the same plan's kernels with one choice the other way that only some calls
+// gain from: hopper's value-first seesaw where a kv head has few query rows. The combine is the
+// plan's, either way.)
 #pragma once
 
 #include <atomic>
@@ -72,24 +78,36 @@ int ctas_per_sm() {
   return n;
 }
 
-// A decode call: checks, the decode kernel (of the contiguous cache where the call's strides
-// allow, core/paging.cuh; split or part mode as the call says), then the combine.
+// The decode kernel of config Form (of the contiguous cache where the call's strides allow,
+// core/paging.cuh; split or part mode as the call says) started on the call's grid.
+template <class Form, class Family>
+cudaError_t start_decode(const AttnccArgs& a, cudaStream_t stream) {
+  using Contiguous = ContiguousCache<Form>;
+  const bool contiguous = cache_is_contiguous<Form>(a);
+  const auto kernel = a.num_parts > 0 ? (contiguous ? Family::template parts<Contiguous>() : Family::template parts<Form>())
+                                      : (contiguous ? Family::template decode<Contiguous>() : Family::template decode<Form>());
+  static SmemLimit limits[4];  // one per kernel above
+  const cudaError_t err =
+      limits[(a.num_parts > 0 ? 2 : 0) + (contiguous ? 1 : 0)].raise(reinterpret_cast<const void*>(kernel), DecodeLaunch<Form>::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  return Family::template start<Form>(kernel, static_cast<unsigned>(DecodeLaunch<Form>::ctas(a)), a, stream);
+}
+
+// A decode call: checks, the decode kernel (the plan's form or, where the family has a second
+// form and the call takes it, that), then the combine.
 template <class Cfg, class Family>
 int launch(const AttnccArgs* args) {
-  using Decode = DecodeLaunch<Cfg>;
-  using Contiguous = ContiguousCache<Cfg>;
   if (args == nullptr) return cudaErrorInvalidValue;
   const AttnccArgs& a = *args;
-  cudaError_t err = Decode::check(a);
+  cudaError_t err = DecodeLaunch<Cfg>::check(a);
   if (err != cudaSuccess || a.batch == 0) return err;
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
-  const bool contiguous = cache_is_contiguous<Cfg>(a);
-  const auto kernel = a.num_parts > 0 ? (contiguous ? Family::template parts<Contiguous>() : Family::template parts<Cfg>())
-                                      : (contiguous ? Family::template decode<Contiguous>() : Family::template decode<Cfg>());
-  static SmemLimit limits[4];  // one per kernel above
-  err = limits[(a.num_parts > 0 ? 2 : 0) + (contiguous ? 1 : 0)].raise(reinterpret_cast<const void*>(kernel), Decode::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  err = Family::template start<Cfg>(kernel, static_cast<unsigned>(Decode::ctas(a)), a, stream);
+  if constexpr (Family::template has_second<Cfg>()) {
+    err = Family::template takes_second<Cfg>(a) ? start_decode<typename Family::template Second<Cfg>, Family>(a, stream)
+                                                : start_decode<Cfg, Family>(a, stream);
+  } else {
+    err = start_decode<Cfg, Family>(a, stream);
+  }
   return err != cudaSuccess ? err : CombineLaunch<Cfg>::launch(a, stream);
 }
 

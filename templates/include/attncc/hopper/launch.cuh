@@ -13,11 +13,27 @@
 namespace attncc {
 namespace hopper {
 
+// Config C's value-first form (seesaw.cuh: WG1 takes its product of tile a before S_b): the
+// second form of a plan with kValueFirstRows > 0 (hopper.py), which a call takes where a kv head
+// has at most that many query rows (s_q x group): the products per cache byte are then few and the
+// cp.async producer sets the pace.
+template <class C>
+struct ValueFirst : C {
+  static constexpr bool kValueFirst = true;
+};
+
 struct Family {
   template <class C>
   static auto decode() { return decode_kernel<C>; }
   template <class C>
   static auto parts() { return decode_parts_kernel<C>; }
+
+  template <class C>
+  static constexpr bool has_second() { return C::kValueFirstRows > 0; }
+  template <class C>
+  using Second = ValueFirst<C>;
+  template <class C>
+  static bool takes_second(const AttnccArgs& a) { return a.s_q * C::kGroup <= C::kValueFirstRows; }
 
   template <class Cfg, class Kernel>
   static cudaError_t start(Kernel kernel, unsigned ctas, const AttnccArgs& a, cudaStream_t stream) {
