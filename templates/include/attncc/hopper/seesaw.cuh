@@ -26,8 +26,9 @@
 // stage's late group is released by both groups (EMPTY late counts 256): WG1 for the value's
 // right half, WG0 for stage 1's P box (it reads P_b there) and, for symmetry, stage 0's.
 //
-// Value first (the plan's kValueFirst, where the fp8 producer sets the pace): WG1 takes its
-// products of tile a before S_b, as soon as MAX_A and P_A are handed:
+// Value first (kValueFirst: where the producer sets the pace, converting fp8 tiles, or copying
+// paged 16-bit tiles by cp.async for a call of few rows, the plan's second form, hopper/launch.cuh):
+// WG1 takes its products of tile a before S_b, as soon as MAX_A and P_A are handed:
 //
 //   WG1: O_R = O_R c_a + P_a V_a[:, R] (SS); release stage 0 (late); S_b = Q K_b^T; m_b, c_b;
 //        P_b, c_b, m_b -> shared (P_B); O_R = O_R c_b + P_b V_b[:, R] (RS); release 1
