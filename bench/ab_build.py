@@ -6,7 +6,7 @@ e.g. a worktree of c98427d as `old` and . as `new`, or . twice, once with a kern
 choice the lowering does not take (`--config skip_unmoved=true`, attncc.testing.with_config; a
 configuration whose family's config lacks the field is built as lowered, and says so), or on
 another kernel family than the lowering's (`--family mma_sync`).
-Writes OUTDIR/TAG_mla.so (MLA h_q 128), TAG_mla_h64.so, TAG_mla_h16.so, TAG_mla_h16_p1.so, TAG_mla_p1.so (page 1), TAG_mla_p8.so, TAG_mla_p16.so, TAG_mla_p32.so,
+Writes OUTDIR/TAG_mla.so (MLA h_q 128), TAG_mla_h64.so, TAG_mla_h16.so, TAG_mla_h16_p1.so, TAG_mla_p1.so (page 1), TAG_mla_h64_p1.so, TAG_mla_p8.so, TAG_mla_p16.so, TAG_mla_p32.so,
 TAG_gla2.so (GLA-2 h_q 128), TAG_gla2_p1.so, TAG_gla2_p16.so, TAG_gla2_seesaw.so (the same with `seesaw`) and
 TAG_sparse_fp8{,_h64}.so (bench/sparse_fp8.attn), TAG_mqa256{,_h64,_p1}.so (bench/mqa256.attn at h_q 128, 64;
 page 1), TAG_mqa_h128.so (examples/mqa.attn at h_q 128, page 16), those whose spec REPO has, each built
@@ -49,7 +49,8 @@ def any_family_field(name: str) -> bool:
 
 CONFIGS = (("mla", "examples/mla.attn", 128, 64), ("mla_h64", "examples/mla.attn", 64, 64),
            ("mla_h16", "examples/mla.attn", 16, 64), ("mla_h16_p1", "examples/mla.attn", 16, 1),
-           ("mla_p1", "examples/mla.attn", 128, 1), ("mla_p8", "examples/mla.attn", 128, 8),
+           ("mla_p1", "examples/mla.attn", 128, 1), ("mla_h64_p1", "examples/mla.attn", 64, 1),
+           ("mla_p8", "examples/mla.attn", 128, 8),
            ("mla_p16", "examples/mla.attn", 128, 16), ("mla_p32", "examples/mla.attn", 128, 32),
            ("gla2", "examples/gla2.attn", 128, 64), ("gla2_p1", "examples/gla2.attn", 128, 1),
            ("gla2_p16", "examples/gla2.attn", 128, 16),
