@@ -582,6 +582,24 @@ def test_a_config_choice_not_taken_gives_the_same_bits(kernels, name, choice):
     _assert_same_bits(k, as_lowered, other, name, batch=9)
 
 
+def test_the_value_first_form_runs_where_a_call_has_few_rows(kernels):
+    """A plan with a second form (mla_page1_h128: the value-first seesaw for calls of at most 128
+    query rows a kv head) launches it at s_q 1 (128 rows) and its own form at s_q 2 (256), both
+    right against the reference (the kernels' names, from the profiler, say which ran)."""
+    k = kernels["mla_page1_h128"]
+    assert k.plan.config.value_first_rows == 128 and not k.plan.config.value_first
+    for s_q, second in ((1, True), (2, False)):
+        case = testing.random_case(k.spec, [300, 77, 1], s_q, seed=17 + s_q)
+        _poison(k.spec, 3, s_q)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out, lse = _run(k, case)
+            torch.cuda.synchronize()
+        decode = [e.name for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA and "decode" in e.name and "kernel" in e.name]
+        assert decode and all(("ValueFirst<" in n) == second for n in decode), (s_q, decode)
+        assert testing.compare(k.spec, case, out, lse).ok, s_q
+
+
 RELAY = ["sparse_fp8_h128", "sparse_fp8_h64", "mla_fp8_page1_h64", "mla_fp8_per128_h64", "mla_fp8_per32_page16"]
 
 
