@@ -7,16 +7,17 @@
 //       template <class C> static auto parts();    // the part-mode kernel
 //       template <class C, class Kernel>           // its launch on `ctas` CTAs
 //       static cudaError_t start(Kernel kernel, unsigned ctas, const AttnccArgs& a, cudaStream_t stream);
-//       template <class C> static constexpr bool has_second();      // a second form of C's kernels,
-//       template <class C> using Second = ...;                       // ... its config,
-//       template <class C> static bool takes_second(const AttnccArgs& a);  // ... and the calls that take it
 //     };
-// (A second form is the same plan's kernels with one choice the other way that only some calls
-// gain from: hopper's value-first seesaw where a kv head has few query rows. The combine is the
-// plan's, either way.)
+// and may give a plan's kernels a second form, the same plan with one choice the other way that
+// only some calls gain from (hopper's value-first seesaw where a kv head has few query rows; the
+// combine is the plan's either way); a family without one declares nothing of it:
+//       template <class C> static constexpr bool has_second();             // C's kernels have one,
+//       template <class C> using Second = ...;                              // ... its config,
+//       template <class C> static bool takes_second(const AttnccArgs& a);  // ... the calls that take it
 #pragma once
 
 #include <atomic>
+#include <type_traits>
 
 #include "attncc/abi.h"
 #include "attncc/core/combine.cuh"
@@ -93,6 +94,12 @@ cudaError_t start_decode(const AttnccArgs& a, cudaStream_t stream) {
   return Family::template start<Form>(kernel, static_cast<unsigned>(DecodeLaunch<Form>::ctas(a)), a, stream);
 }
 
+// Whether Family gives Cfg's kernels a second form (a family without has_second: none).
+template <class Family, class Cfg, class = void>
+struct HasSecondForm : std::false_type {};
+template <class Family, class Cfg>
+struct HasSecondForm<Family, Cfg, std::enable_if_t<Family::template has_second<Cfg>()>> : std::true_type {};
+
 // A decode call: checks, the decode kernel (the plan's form or, where the family has a second
 // form and the call takes it, that), then the combine.
 template <class Cfg, class Family>
@@ -102,7 +109,7 @@ int launch(const AttnccArgs* args) {
   cudaError_t err = DecodeLaunch<Cfg>::check(a);
   if (err != cudaSuccess || a.batch == 0) return err;
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
-  if constexpr (Family::template has_second<Cfg>()) {
+  if constexpr (HasSecondForm<Family, Cfg>::value) {
     err = Family::template takes_second<Cfg>(a) ? start_decode<typename Family::template Second<Cfg>, Family>(a, stream)
                                                 : start_decode<Cfg, Family>(a, stream);
   } else {

@@ -21,14 +21,6 @@ struct Family {
     kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     return cudaGetLastError();
   }
-
-  // one form of a plan's kernels
-  template <class C>
-  static constexpr bool has_second() { return false; }
-  template <class C>
-  using Second = C;
-  template <class C>
-  static bool takes_second(const AttnccArgs&) { return false; }
 };
 
 }  // namespace mma_sync
