@@ -437,8 +437,8 @@ class HopperFamily(Family):
         # products set the pace) 1.034, page 8 s_q 2 1.018; TMA pages 1.07-1.15. So the plan
         # carries it as a second form that a call takes where a kv head has at most
         # VALUE_FIRST_ROWS query rows (s_q x group), hopper/launch.cuh
-        paged_value_first_rows = (VALUE_FIRST_ROWS if seesaw and tma_rows == 0 and not layout.fp8 and not spec.sparse
-                                  else 0)
+        dense_16bit_seesaw = seesaw and not layout.fp8 and not spec.sparse
+        paged_value_first_rows = VALUE_FIRST_ROWS if dense_16bit_seesaw and tma_rows == 0 else 0
         # relay (relay.cuh, FlashMLA's sparse fp8 division of the work): WG0 alone computes S and
         # hands P to WG1, whose registers are then O_R's. Where the producer sets the pace it
         # measured faster than the seesaw at b=128 (H200, same-process A/B, all ok against the
@@ -497,7 +497,7 @@ class HopperFamily(Family):
              "(same-process A/B, H100, MLA h_q 128 page 1: s_q 1 0.944 of the time, b=8 0.953; s_q 2 "
              "1.034)" if paged_value_first_rows else
              "no second form: the value first measured slower where TMA copies the tiles (MLA page 64 "
-             "1.04-1.14, page 16 1.07-1.15)" if seesaw and not layout.fp8 and not spec.sparse else
+             "1.04-1.14, page 16 1.07-1.15)" if dense_16bit_seesaw else
              "no second form"),
             ("skip_unmoved", "chosen: a warp skips a rescale of O where none of its 16 rows moved its max "
              "(the same bits; same-process A/B, H200, bf16 MLA b=128: s_q 2 0.973, s_q 1 0.962, h_q 64 0.964, "
