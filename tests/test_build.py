@@ -117,9 +117,13 @@ def test_compiles_without_spills(tmp_path, case, arch):
     forms = 2 if getattr(plan.config, "value_first_rows", 0) else 1
     contiguous = [k for k in decode + parts if "ContiguousCache" in k.function]
     second = [k for k in decode + parts if "ValueFirst<" in k.function]
-    assert len(decode) == 2 * forms and len(parts) == 2 * forms and len(combine) == 1, names
+    # the combine twice where a row has four slabs or more, an even number: a kernel of its own for
+    # pairs of slabs (core/combine.cuh)
+    slabs = -(-plan.d_v // 128)
+    combines = 2 if slabs % 2 == 0 and slabs > 2 else 1
+    assert len(decode) == 2 * forms and len(parts) == 2 * forms and len(combine) == combines, names
     assert len(contiguous) == 2 * forms and len(second) == 4 * (forms - 1), names
-    assert len(write) == 1 and len(schedule) == 1 and len(kernels) == 3 + 4 * forms, names
+    assert len(write) == 1 and len(schedule) == 1 and len(kernels) == 2 + combines + 4 * forms, names
     for k in decode + parts + combine + write + schedule:
         assert k.spill_stores == 0, f"{k.function}: {k.spill_stores} bytes spill stores\n{log}"
         assert k.spill_loads == 0, f"{k.function}: {k.spill_loads} bytes spill loads\n{log}"

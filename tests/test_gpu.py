@@ -99,10 +99,14 @@ def test_forced_split_counts(kernels, name, splits):
 def test_the_combine_by_rows_and_by_slabs(kernels, name, batch):
     """combine.cuh merges a row a warp where rows are many (split mode: >= 2048 rows; part mode:
     16-row blocks enough to fill the GPU) and a 128-column slab a warp where they are few: both
-    ways in split mode (3 splits) and part mode (40 parts, so a sequence crosses many parts)."""
+    ways in split mode (3 splits) and part mode (40 parts, so a sequence crosses many parts). In
+    part mode, where a slab a warp's blocks would not fit in one wave (the decode CTAs x the
+    combine's blocks an SM, CombineShape::part_tasks), a pair of slabs a warp (its own kernel),
+    else a row: at batch 2 MLA's 256 rows a sequence (s_q 2) go a slab a warp on 40 parts, a pair
+    on 16, a row (8 a block) on 8 and a row (16 a block) on 2."""
     k = kernels[name]
     s_q = k.spec.max_query_len
-    for mode in (3, -40):
+    for mode in (3, -40) + ((-16, -8, -2) if batch == 2 else ()):
         lengths = [(97 * i) % (40 * k.spec.page_size) + 1 for i in range(batch)]
         case = testing.random_case(k.spec, lengths, s_q, seed=batch + mode)
         _poison(k.spec, batch, s_q)

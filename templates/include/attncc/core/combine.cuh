@@ -15,7 +15,9 @@
 // Where a sequence lies on the line takes a warp scan of the whole batch, so a part-mode block
 // takes several rows of one sequence and scans once: 16 rows, a warp per row, when there are
 // blocks enough to fill the GPU, else a warp per slab of as many rows as fill the block (MLA at
-// b = 1 merges 66 parts a row: 127 -> 49 us a call on the H200, decode included).
+// b = 1 merges 66 parts a row: 127 -> 49 us a call on the H200, decode included), or, where
+// those blocks would not fit in one wave, a warp per pair of slabs (a kernel of its own), or per
+// row (CombineShape::part_tasks).
 //
 // Where the plan says so (dependent_launch<Cfg>(), common.cuh), launched as a programmatic
 // dependent of the decode kernel (CombineLaunch::launch). Split mode: it reads the sequence
@@ -43,16 +45,43 @@ namespace attncc {
 constexpr int kCombineWarps = 8;
 constexpr int kSlabCols = 128;     // a warp's columns of a row: 4 a lane
 constexpr int kInFlight = 8;       // pieces whose loads a lane has in flight at once (one slab)
+constexpr int kPairFlight = kInFlight / 2;  // ... (a pair of slabs)
 constexpr int kPartRows = 16;      // part mode: rows of one sequence per block, when blocks are many
 constexpr int kManyBlocks = 512;   // ... which is when 16-row blocks number at least this
+
+// What a warp merges of a row: a 128-column slab (kInFlight pieces in flight), a pair of slabs
+// (four), or the whole row (two).
+enum class MergeTask : int { kSlab = 0, kPair = 1, kRow = 2 };
 
 template <class Cfg>
 struct CombineShape {
   static constexpr int kSlabs = ceil_div(Cfg::kDV, kSlabCols);  // warps per row
-  // Part mode: rows of one sequence a block merges.
-  __host__ __device__ static int part_rows(int num_seqs, int seq_rows) {
-    if (1LL * num_seqs * ceil_div(seq_rows, kPartRows) >= kManyBlocks) return kPartRows;
-    return kCombineWarps / kSlabs > 0 ? kCombineWarps / kSlabs : 1;
+  static constexpr bool kPairs = kSlabs % 2 == 0 && kSlabs > 2;  // a row of pairs of slabs
+
+  // Part mode: a warp's task and a block's rows of one sequence. Where 16-row blocks are many, a
+  // row, 16 a block; else a slab, as many rows as the block's warps cover, where those blocks fit
+  // in one wave (`wave`: the decode grid's CTAs, about one an SM, times the combine's blocks an
+  // SM), else a pair of slabs where they fit, else a row, 8 or 16 a block. MLA b = 8 on 66 parts
+  // merges 1,024 rows of 4 slabs: 512 blocks of a slab a warp, two waves of 396, or 256 of a pair,
+  // 0.974 of the call's time (H100, same-process A/B; b = 32 s_k 8192 0.936, b = 16 s_q 2 0.921,
+  // GLA-2 b = 8 (rows) 0.966; bench/RESULTS.md session 51).
+  struct PartTasks {
+    MergeTask task;
+    int rows;
+  };
+  static constexpr int kSlabRows = kCombineWarps / kSlabs > 0 ? kCombineWarps / kSlabs : 1;  // a block's, a slab a warp
+  __host__ __device__ static bool fits(int num_seqs, int seq_rows, int rows, long long wave) {
+    return 1LL * num_seqs * ceil_div(seq_rows, rows) <= wave;
+  }
+  __host__ __device__ static PartTasks part_tasks(int num_seqs, int seq_rows, long long wave) {
+    if (1LL * num_seqs * ceil_div(seq_rows, kPartRows) >= kManyBlocks) return {MergeTask::kRow, kPartRows};
+    if (fits(num_seqs, seq_rows, kSlabRows, wave)) return {MergeTask::kSlab, kSlabRows};
+    if (kPairs && fits(num_seqs, seq_rows, 2 * kSlabRows, wave)) return {MergeTask::kPair, 2 * kSlabRows};
+    return {MergeTask::kRow, fits(num_seqs, seq_rows, kCombineWarps, wave) ? kCombineWarps : kPartRows};
+  }
+  // Blocks the GPU holds at once, for part_tasks: the decode grid's CTAs times kCombineBlocks.
+  __host__ __device__ static long long wave(const AttnccArgs& a) {
+    return 1LL * a.num_parts * CtaWork<Cfg>::lanes(a.s_q) * Cfg::kCombineBlocks;
   }
   // Split mode: a warp per row when the rows fill the GPU's warps, else a warp per slab.
   __host__ __device__ static bool whole_rows(long long rows) { return rows >= kManyBlocks * kCombineWarps / 2; }
@@ -169,13 +198,17 @@ __device__ __forceinline__ void merge_task(const AttnccArgs& args, bool whole_ro
 
 // Cfg::kCombineBlocks blocks per SM (the lowering's combine_blocks: 3, 80 registers a thread for a
 // lane's loads in flight, or 2 where the ready words' wait needs 128): the more blocks an SM
-// holds, the more of their memory waits overlap.
-template <class Cfg>
+// holds, the more of their memory waits overlap. A warp's tasks: kPairTasks, pairs of slabs (part
+// mode where part_tasks says so); else rows or slabs as the call's shape says (merge_task). The
+// pairs are a kernel of their own: at 80 registers one kernel of all three forms spilled (ptxas),
+// and MLA b = 1 took 1.02 of the time with the pairs' code beside the slabs'.
+template <class Cfg, bool kPairTasks>
 __global__ void __launch_bounds__(kCombineWarps * 32, Cfg::kCombineBlocks) combine_kernel(const __grid_constant__ AttnccArgs args) {
   static_assert(Cfg::kDV % 4 == 0, "float4 loads");
   static_assert(Cfg::kCombineBlocks == 2 || (Cfg::kCombineBlocks == 3 && Cfg::kDV > kSlabCols && !Cfg::kReadyWords),
                 "combine_blocks: 3 only where the kernel fits 80 registers (families/base.py combine_blocks)");
   using S = CombineShape<Cfg>;
+  static_assert(!kPairTasks || S::kPairs, "pairs of slabs of a row of four or more");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (args.num_parts == 0) {  // split mode: split s of the row at s * rows + row
     const long long rows = static_cast<long long>(args.batch) * args.s_q * Cfg::kHeadsQ;  // [b, s_q, h_q]
@@ -190,8 +223,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32, Cfg::kCombineBlocks) combi
   // Part mode: rows [chunk part_rows, ...) of sequence seq (dense: seq = b; sparse: seq = b s_q + t).
   using W = CtaWork<Cfg>;
   const int seq_rows = W::seq_rows(args.s_q);
-  const int part_rows = S::part_rows(W::num_seqs(args), seq_rows);
-  const int chunks = ceil_div(seq_rows, part_rows);
+  const typename S::PartTasks pt = S::part_tasks(W::num_seqs(args), seq_rows, S::wave(args));
+  const int chunks = ceil_div(seq_rows, pt.rows);
   const int seq = static_cast<int>(blockIdx.x / chunks), chunk = static_cast<int>(blockIdx.x % chunks);
   const bool ready = ready_words_on<Cfg>(args);  // else every block waits for the decode grid
   if (whole_parts_for_combine<Cfg>(args)) {  // the decode kernel wrote every sequence (core/ready.cuh)
@@ -214,48 +247,65 @@ __global__ void __launch_bounds__(kCombineWarps * 32, Cfg::kCombineBlocks) combi
   }
   // The pieces in part order: parts first .. last, minus the empty ones (slot -1).
   const long long slot_rows = static_cast<long long>(args.s_q) * Cfg::kHeadsQ;
-  const int row0 = chunk * part_rows, rows = min(seq_rows - row0, part_rows);
-  const bool whole = part_rows == kPartRows;
-  const int per_row = whole ? 1 : S::kSlabs;  // tasks a row
+  const int row0 = chunk * pt.rows, rows = min(seq_rows - row0, pt.rows);
+  const bool whole = pt.task == MergeTask::kRow;
+  const int per_row = kPairTasks ? S::kSlabs / 2 : whole ? 1 : S::kSlabs;  // tasks a row
   for (int task = warp; task < rows * per_row; task += kCombineWarps) {
     const long long row = static_cast<long long>(seq) * seq_rows + row0 + task / per_row;
     const long long in_slot = row % slot_rows;  // (t, h) within a slot: [slot, s_q, h_q]
-    merge_task<Cfg>(args, whole, row, task % per_row, sp.first, sp.last, [=](int p) {
+    const auto prow = [=](int p) {
       const int slot = sp.slot(p);
       return slot < 0 ? -1LL : slot * slot_rows + in_slot;
-    });
+    };
+    if constexpr (kPairTasks)
+      merge_partials<Cfg, 2, kPairFlight>(args, row, 2 * (task % per_row), sp.first, sp.last, prow);
+    else
+      merge_task<Cfg>(args, whole, row, task % per_row, sp.first, sp.last, prow);
   }
 }
 
 template <class Cfg>
 struct CombineLaunch {
   static constexpr int kThreads = kCombineWarps * 32;
-  static unsigned blocks(const AttnccArgs& a) {
-    using S = CombineShape<Cfg>;
-    if (a.num_parts > 0) {  // one block per part_rows rows of each sequence
+  using S = CombineShape<Cfg>;
+  // The call's task and blocks: part mode, a block per part_tasks' rows of each sequence; split
+  // mode, a row or a slab a warp.
+  struct Grid {
+    MergeTask task;
+    unsigned blocks;
+  };
+  static Grid grid(const AttnccArgs& a) {
+    if (a.num_parts > 0) {
       const int seq_rows = CtaWork<Cfg>::seq_rows(a.s_q), num_seqs = CtaWork<Cfg>::num_seqs(a);
-      return static_cast<unsigned>(1LL * num_seqs * ceil_div(seq_rows, S::part_rows(num_seqs, seq_rows)));
+      const typename S::PartTasks pt = S::part_tasks(num_seqs, seq_rows, S::wave(a));
+      return {pt.task, static_cast<unsigned>(1LL * num_seqs * ceil_div(seq_rows, pt.rows))};
     }
     const long long rows = static_cast<long long>(a.batch) * a.s_q * Cfg::kHeadsQ;
-    const long long tasks = rows * (S::whole_rows(rows) ? 1 : S::kSlabs);
-    return static_cast<unsigned>((tasks + kCombineWarps - 1) / kCombineWarps);
+    const bool whole = S::whole_rows(rows);
+    const long long tasks = rows * (whole ? 1 : S::kSlabs);
+    return {whole ? MergeTask::kRow : MergeTask::kSlab, static_cast<unsigned>((tasks + kCombineWarps - 1) / kCombineWarps)};
   }
+
   // The combine after the decode kernel on `stream`, where the call has partials to merge (split
   // or part mode); where the plan says so, as the decode kernel's programmatic dependent (it may
   // launch while the decode kernel's last CTAs run, and waits for their partials).
   static cudaError_t launch(const AttnccArgs& a, cudaStream_t stream) {
     if (a.num_splits == 1 && a.num_parts == 0) return cudaSuccess;
+    const Grid g = grid(a);
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(blocks(a));
+    config.gridDim = dim3(g.blocks);
     config.blockDim = dim3(kThreads);
     config.dynamicSmemBytes = 0;
     config.stream = stream;
     config.attrs = attr;
     config.numAttrs = dependent_launch<Cfg>() ? 1 : 0;
-    return cudaLaunchKernelEx(&config, combine_kernel<Cfg>, a);
+    if constexpr (S::kPairs) {
+      if (g.task == MergeTask::kPair) return cudaLaunchKernelEx(&config, combine_kernel<Cfg, true>, a);
+    }
+    return cudaLaunchKernelEx(&config, combine_kernel<Cfg, false>, a);
   }
 };
 
