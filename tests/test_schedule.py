@@ -5,7 +5,9 @@ kernels run) into a host program; these tests feed it ragged batches and check w
 kernels rely on: every tile of every sequence is covered by exactly one piece, the parts are
 equal to a tile, a sequence inside one part is written directly and only then, only a part's
 first and last pieces are partial (the 2 P slots rely on it), the partial slots the decode
-writes are the ones the combine reads, in the same order, and no two pieces share a slot."""
+writes are the ones the combine reads, in the same order, and no two pieces share a slot. tests/cpp/combine_shape.cu does the same for core/combine.cuh's
+CombineShape::part_tasks: what a part-mode combine warp merges (a slab, a pair of slabs, a row)
+and a block's rows, so that the grid fits in one wave where it can."""
 import random
 import subprocess
 from pathlib import Path
@@ -217,3 +219,54 @@ def test_the_check_catches_a_broken_walk(walk):
     moved = [(p + (i == 1), *rest) for i, (p, *rest) in enumerate(pieces)]
     with pytest.raises(AssertionError):
         _check(4, [3] * 8, moved, combine, whole)
+
+
+@pytest.fixture(scope="module")
+def combine_shape(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("combine") / "combine_shape"
+    subprocess.run([str(_nvcc()), "-std=c++17", "-O1", "-I", str(ROOT / "templates" / "include"),
+                    str(ROOT / "tests" / "cpp" / "combine_shape.cu"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+
+    def run(cases):  # (d_v, num_seqs, seq_rows, wave) -> (task, rows, blocks)
+        text = "".join(" ".join(map(str, c)) + "\n" for c in cases)
+        out = subprocess.run([str(exe)], input=text, check=True, capture_output=True, text=True).stdout
+        return [(task, int(rows), int(blocks)) for task, rows, blocks in (line.split() for line in out.splitlines())]
+
+    return run
+
+
+def test_the_combine_fits_its_blocks_in_one_wave(combine_shape):
+    """MLA h_q 128 s_q 1 on 66 parts (132 decode CTAs, 3 combine blocks an SM: a wave of 396): b = 1
+    and b = 4 merge a slab a warp (64 and 256 blocks), b = 8 a pair of slabs (512 blocks of slabs
+    would take two waves: 256 of pairs), b = 32 a row, 16 a block (512 blocks of 8 rows would not
+    fit), b = 128 the same (the blocks are many). A value of two slabs (GLA's 256) or an odd number
+    has no pairs: GLA-2 s_q 2 b = 8 (256 rows a sequence) a row, 8 a block; a 384-wide value at b = 8
+    the same; a 128-wide one a slab (its whole row), 8 a block."""
+    cases = [(512, 1, 128, 396), (512, 4, 128, 396), (512, 8, 128, 396), (512, 32, 128, 396), (512, 128, 128, 396),
+             (256, 8, 256, 396), (256, 32, 256, 396), (384, 8, 128, 396), (128, 8, 64, 396)]
+    assert combine_shape(cases) == [("slab", 2, 64), ("slab", 2, 256), ("pair", 4, 256), ("row", 16, 256),
+                                    ("row", 16, 1024), ("row", 8, 256), ("row", 16, 512), ("row", 8, 128),
+                                    ("slab", 8, 64)]
+
+
+def test_the_combine_takes_the_narrowest_task_that_fits(combine_shape):
+    """Over a grid of shapes: where 16-row blocks are many (>= 512), a row, 16 a block; else a slab
+    a warp where its blocks fit in the wave, else a pair (a row of an even number of slabs, four or
+    more) where they fit, else a row, 8 a block where they fit, else 16; the blocks are the
+    sequences times their rows' blocks."""
+    cases = [(d_v, seqs, rows, wave) for d_v in (128, 256, 384, 512) for seqs in (1, 2, 3, 8, 17, 64, 200)
+             for rows in (16, 64, 100, 128, 256, 1024) for wave in (24, 132, 264, 396, 1000)]
+    for (d_v, seqs, rows, wave), got in zip(cases, combine_shape(cases)):
+        slabs = -(-d_v // 128)
+        blocks = lambda r: seqs * -(-rows // r)  # noqa: E731
+        slab_rows = max(8 // slabs, 1)
+        if blocks(16) >= 512:
+            want = ("row", 16)
+        elif blocks(slab_rows) <= wave:
+            want = ("slab", slab_rows)
+        elif slabs % 2 == 0 and slabs > 2 and blocks(2 * slab_rows) <= wave:
+            want = ("pair", 2 * slab_rows)
+        else:
+            want = ("row", 8 if blocks(8) <= wave else 16)
+        assert got == (*want, blocks(want[1])), (d_v, seqs, rows, wave, got)
