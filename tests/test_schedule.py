@@ -30,12 +30,18 @@ def _nvcc():
 pytestmark = pytest.mark.skipif(_nvcc() is None, reason="nvcc not found (CUDA toolkit needed)")
 
 
+def _host_program(tmp_path_factory, name: str) -> Path:
+    """tests/cpp/NAME.cu built for the host against the templates' headers."""
+    exe = tmp_path_factory.mktemp(name) / name
+    subprocess.run([str(_nvcc()), "-std=c++17", "-O1", "-I", str(ROOT / "templates" / "include"),
+                    str(ROOT / "tests" / "cpp" / f"{name}.cu"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    return exe
+
+
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("schedule") / "schedule_walk"
-    subprocess.run([str(_nvcc()), "-std=c++17", "-O1", "-I", str(ROOT / "templates" / "include"),
-                    str(ROOT / "tests" / "cpp" / "schedule_walk.cu"), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
+    exe = _host_program(tmp_path_factory, "schedule_walk")
 
     def run(cases):
         # a case: (parts, tiles), (parts, tiles, slack): whole_parts_fit's slack in tiles, or
@@ -223,10 +229,7 @@ def test_the_check_catches_a_broken_walk(walk):
 
 @pytest.fixture(scope="module")
 def combine_shape(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("combine") / "combine_shape"
-    subprocess.run([str(_nvcc()), "-std=c++17", "-O1", "-I", str(ROOT / "templates" / "include"),
-                    str(ROOT / "tests" / "cpp" / "combine_shape.cu"), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
+    exe = _host_program(tmp_path_factory, "combine_shape")
 
     def run(cases):  # (d_v, num_seqs, seq_rows, wave) -> (task, rows, blocks)
         text = "".join(" ".join(map(str, c)) + "\n" for c in cases)
