@@ -10,6 +10,7 @@ from pathlib import Path
 
 import attncc
 import attncc.build
+from attncc.families.base import SLAB_COLS
 
 # small specs of every cache kind: packed, GQA, sparse fp8, separate fp8 with a shared segment
 MLA_SMALL = """
@@ -167,6 +168,13 @@ CHOICES = [
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],
 ]
+
+
+def combine_slabs(d_v: int) -> tuple[int, bool]:
+    """A combine row's 128-column slabs (core/combine.cuh kSlabs) and whether it merges them in pairs
+    (kPairs: an even number, four or more; the pairs are a combine kernel of their own)."""
+    slabs = -(-d_v // SLAB_COLS)
+    return slabs, slabs % 2 == 0 and slabs > 2
 
 
 def form_of(plan, name: str):

@@ -28,7 +28,7 @@ from attncc.split import ctas_per_split
 from attncc.testing import families_of, on_family, with_config
 
 from specs import EXTRA, all_specs, without_crossover
-from support import CHOICES, compile_quiet, form_of, have_nvcc, load_script
+from support import CHOICES, combine_slabs, compile_quiet, form_of, have_nvcc, load_script
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.stem for p in (REPO / "examples").glob("*.attn"))
@@ -119,8 +119,7 @@ def test_compiles_without_spills(tmp_path, case, arch):
     second = [k for k in decode + parts if "ValueFirst<" in k.function]
     # the combine twice where a row has four slabs or more, an even number: a kernel of its own for
     # pairs of slabs (core/combine.cuh)
-    slabs = -(-plan.d_v // 128)
-    combines = 2 if slabs % 2 == 0 and slabs > 2 else 1
+    combines = 2 if combine_slabs(plan.d_v)[1] else 1
     assert len(decode) == 2 * forms and len(parts) == 2 * forms and len(combine) == combines, names
     assert len(contiguous) == 2 * forms and len(second) == 4 * (forms - 1), names
     assert len(write) == 1 and len(schedule) == 1 and len(kernels) == 2 + combines + 4 * forms, names

@@ -5,9 +5,10 @@ kernels run) into a host program; these tests feed it ragged batches and check w
 kernels rely on: every tile of every sequence is covered by exactly one piece, the parts are
 equal to a tile, a sequence inside one part is written directly and only then, only a part's
 first and last pieces are partial (the 2 P slots rely on it), the partial slots the decode
-writes are the ones the combine reads, in the same order, and no two pieces share a slot. tests/cpp/combine_shape.cu does the same for core/combine.cuh's
-CombineShape::part_tasks: what a part-mode combine warp merges (a slab, a pair of slabs, a row)
-and a block's rows, so that the grid fits in one wave where it can."""
+writes are the ones the combine reads, in the same order, and no two pieces share a slot.
+tests/cpp/combine_shape.cu does the same for core/combine.cuh's CombineShape::part_tasks: what a
+part-mode combine warp merges (a slab, a pair of slabs, a row) and a block's rows, so that the
+grid fits in one wave where it can."""
 import random
 import subprocess
 from pathlib import Path
@@ -16,6 +17,8 @@ import pytest
 
 import attncc.build
 from attncc import split
+
+from support import combine_slabs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -261,14 +264,14 @@ def test_the_combine_takes_the_narrowest_task_that_fits(combine_shape):
     cases = [(d_v, seqs, rows, wave) for d_v in (128, 256, 384, 512) for seqs in (1, 2, 3, 8, 17, 64, 200)
              for rows in (16, 64, 100, 128, 256, 1024) for wave in (24, 132, 264, 396, 1000)]
     for (d_v, seqs, rows, wave), got in zip(cases, combine_shape(cases)):
-        slabs = -(-d_v // 128)
+        slabs, pairs = combine_slabs(d_v)
         blocks = lambda r: seqs * -(-rows // r)  # noqa: E731
-        slab_rows = max(8 // slabs, 1)
+        slab_rows = max(8 // slabs, 1)  # a block's 8 warps a slab each
         if blocks(16) >= 512:
             want = ("row", 16)
         elif blocks(slab_rows) <= wave:
             want = ("slab", slab_rows)
-        elif slabs % 2 == 0 and slabs > 2 and blocks(2 * slab_rows) <= wave:
+        elif pairs and blocks(2 * slab_rows) <= wave:
             want = ("pair", 2 * slab_rows)
         else:
             want = ("row", 8 if blocks(8) <= wave else 16)

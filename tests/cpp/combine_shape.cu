@@ -1,4 +1,4 @@
-// Host driver for tests/test_combine_shape.py: runs attncc/core/combine.cuh's CombineShape::part_tasks
+// Host driver for tests/test_schedule.py (the combine's tests): runs attncc/core/combine.cuh's CombineShape::part_tasks
 // (what the combine kernel and its launch both compute) on cases read from stdin, one per line,
 //     d_v num_seqs seq_rows wave
 // (the value's width; sequences; rows a sequence; blocks the GPU holds at once), and prints
