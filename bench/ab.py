@@ -119,6 +119,20 @@ def make_args(plan, lib, case, spec, stream=None, requested: int = 0):
     return a, (out, lse, po, pl, None), (p.num_splits, p.num_parts)
 
 
+def with_schedule(plan, lib, launch, case, cfg, who: str):
+    """Point a part-mode launch (make_args' triple) at the step's schedule, made once as
+    k.plan(seqlens) makes it with the lengths on the device (core/plan.cuh), outside the timed
+    calls; returns the schedule tensor, which the caller keeps alive."""
+    parts = launch[2][1]
+    if not parts or not hasattr(lib.dll, "attncc_plan_schedule"):
+        raise SystemExit(f"{who} call is not in part mode, or its library makes no schedule")
+    lengths = case.seqlens if case.seqlens is not None else \
+        torch.zeros(cfg.batch, dtype=torch.int32, device="cuda")  # sparse: the lines need the batch only
+    made = ops.plan_schedule(plan, lambda: lib, split.DecodeMetadata(-parts, None), lengths, cfg.s_q, None)
+    launch[0].schedule = made.schedule.data_ptr()
+    return made.schedule
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("spec")
@@ -178,16 +192,9 @@ def main(argv=None) -> int:
     kernels = {name: Kernel(specs[name], record(paths[name]).get("family")) for name in libs}
     launches = {name: make_args(kernels[name].plan, lib, case, specs[name], requested=requested[name])
                 for name, lib in libs.items()}
-    if args.schedule_b:  # as k.plan(seqlens) with lengths on the device: once, outside the timed calls
-        parts = launches["B"][2][1]
-        if not parts or not hasattr(libs["B"].dll, "attncc_plan_schedule"):
-            raise SystemExit("--schedule-b: B's call is not in part mode, or its library makes no schedule")
-        lengths = case.seqlens if case.seqlens is not None else \
-            torch.zeros(cfg.batch, dtype=torch.int32, device="cuda")  # sparse: the lines need the batch only
-        made = ops.plan_schedule(kernels["B"].plan, lambda: libs["B"], split.DecodeMetadata(-parts, None),
-                                 lengths, cfg.s_q, None)
-        launches["B"][0].schedule = made.schedule.data_ptr()
-        launches["B"] = (*launches["B"], made.schedule)  # kept alive
+    if args.schedule_b:
+        made = with_schedule(kernels["B"].plan, libs["B"], launches["B"], case, cfg, "--schedule-b: B's")
+        launches["B"] = (*launches["B"], made)  # kept alive
     flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     times = {"A": [], "B": []}
     for name, lib in libs.items():  # warm up, and check both run

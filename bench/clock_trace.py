@@ -1,6 +1,7 @@
 """A clock trace of one CTA of the Hopper family's seesaw (GPU): where a pair of tiles' time goes.
 
     python3 bench/clock_trace.py SPEC [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64] [--cta 7]
+                                 [--splits N | --schedule] [--spans JSON]
 
 Builds SPEC's plan with ATTNCC_TRACE_CTA defined (templates/include/attncc/core/trace.cuh: the
 SM clock at each phase boundary of each consumer warp group's thread 0 and of the producer's
@@ -89,6 +90,9 @@ def main(argv=None) -> int:
                          "value_first=false: the trace of a lowering choice not taken")
     ap.add_argument("--splits", type=int, default=0,
                     help="num_splits as the op takes it: 0 the launch's choice, n splits, -p balanced parts")
+    ap.add_argument("--schedule", action="store_true",
+                    help="the part-mode call reads the step's schedule (k.plan(seqlens) on the device), as the "
+                         "side-by-side calls it, instead of each CTA walking the lengths itself")
     ap.add_argument("--spans", type=Path, metavar="JSON",
                     help="also write every CTA's [begin, end] (global timer, ns from the first begin) there")
     args = ap.parse_args(argv)
@@ -106,7 +110,10 @@ def main(argv=None) -> int:
         lib = ab.load(str(build(plan, args.cta, Path(tmp))))
         cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
         case = bench.inputs(spec, cfg)
-        launch, _, parts = ab.make_args(plan, lib, case, spec, requested=args.splits)
+        made = ab.make_args(plan, lib, case, spec, requested=args.splits)
+        launch, _, parts = made
+        # the schedule's tensor held until the traced call has run
+        schedule = ab.with_schedule(plan, lib, made, case, cfg, "--schedule: the") if args.schedule else None
         flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
         for _ in range(3):
             lib.launch(launch)
@@ -119,7 +126,7 @@ def main(argv=None) -> int:
         check("attncc_trace_read", lib.dll.attncc_trace_read(raw, ctypes.c_size_t(ctypes.sizeof(raw))))
         span = (ctypes.c_ulonglong * (CTAS * 4))()
         check("attncc_trace_read_span", lib.dll.attncc_trace_read_span(span, ctypes.c_size_t(ctypes.sizeof(span))))
-    title = f"{spec.name} {cfg.label()} splits/parts {parts}"
+    title = f"{spec.name} {cfg.label()} splits/parts {parts}{' with the schedule' if args.schedule else ''}"
     report(list(raw), list(span), args.cta, plan.config.value_first, title)
     if args.spans:
         args.spans.write_text(json.dumps({"title": title, "spans": spans_ns(list(span))}))
