@@ -1,7 +1,7 @@
 """A clock trace of one CTA of the Hopper family's seesaw (GPU): where a pair of tiles' time goes.
 
     python3 bench/clock_trace.py SPEC [--batch 128 --sq 2 --heads 128 --seqlen 8192 --page 64] [--cta 7]
-                                 [--splits N | --schedule] [--spans JSON]
+                                 [--splits N | --schedule] [--spans JSON] [--build-dir DIR [--build-only]]
 
 Builds SPEC's plan with ATTNCC_TRACE_CTA defined (templates/include/attncc/core/trace.cuh: the
 SM clock at each phase boundary of each consumer warp group's thread 0 and of the producer's
@@ -52,9 +52,14 @@ PRODUCER = ((0, 1, "EMPTY early wait"), (1, 2, "early copies, EMPTY late wait"),
 
 
 def build(plan, cta: int, directory: Path) -> Path:
+    """The traced library of `plan` in `directory`, compiled unless the directory already holds
+    one built from the same source (--build-dir: build once, e.g. on the CPU, trace many calls)."""
     source = directory / source_name(plan)
-    source.write_text(f"#define ATTNCC_TRACE_CTA {cta}\n" + render(plan))
+    text = f"#define ATTNCC_TRACE_CTA {cta}\n" + render(plan)
     library = directory / LIBRARY
+    if library.exists() and source.exists() and source.read_text() == text:
+        return library
+    source.write_text(text)
     subprocess.run(nvcc_command(source, library, plan.target), check=True, capture_output=True)
     return library
 
@@ -93,6 +98,9 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", action="store_true",
                     help="the part-mode call reads the step's schedule (k.plan(seqlens) on the device), as the "
                          "side-by-side calls it, instead of each CTA walking the lengths itself")
+    ap.add_argument("--build-dir", type=Path, metavar="DIR",
+                    help="build the traced library into DIR, or take the one DIR holds from the same source")
+    ap.add_argument("--build-only", action="store_true", help="with --build-dir: build, trace nothing (no GPU)")
     ap.add_argument("--spans", type=Path, metavar="JSON",
                     help="also write every CTA's [begin, end] (global timer, ns from the first begin) there")
     args = ap.parse_args(argv)
@@ -106,8 +114,16 @@ def main(argv=None) -> int:
     if plan.family != "hopper" or not plan.config.seesaw:
         raise SystemExit(f"{args.spec}: the trace reads the seesaw's events; this plan is "
                          f"{plan.family}{'' if plan.family != 'hopper' else ' (stacked)'}")
+    if args.build_only:
+        if not args.build_dir:
+            raise SystemExit("--build-only needs --build-dir")
+        args.build_dir.mkdir(parents=True, exist_ok=True)
+        print(build(plan, args.cta, args.build_dir))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
-        lib = ab.load(str(build(plan, args.cta, Path(tmp))))
+        directory = args.build_dir or Path(tmp)
+        directory.mkdir(parents=True, exist_ok=True)
+        lib = ab.load(str(build(plan, args.cta, directory)))
         cfg = bench.Config(args.batch, args.sq, spec.heads_q, args.seqlen, spec.page_size)
         case = bench.inputs(spec, cfg)
         made = ab.make_args(plan, lib, case, spec, requested=args.splits)

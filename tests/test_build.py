@@ -140,7 +140,7 @@ def test_compiles_without_spills(tmp_path, case, arch):
     assert not hasattr(lib, "attncc_trace_read")
 
 
-def test_clock_trace_builds_only_where_defined(tmp_path):
+def test_clock_trace_builds_only_where_defined(tmp_path, monkeypatch):
     """bench/clock_trace.py's build of the seesaw: the trace points store %clock64 and the
     library exports the trace's readers; the same plan's PTX without ATTNCC_TRACE_CTA has none."""
     clock_trace = load_script(REPO / "bench" / "clock_trace.py", "attncc_bench_clock_trace")
@@ -173,6 +173,14 @@ def test_clock_trace_builds_only_where_defined(tmp_path):
     # every CTA's begin and end on the global timer (the grid's balance, the clock's rate)
     assert "trace_span" in on and on.count("%globaltimer") >= 2
     assert "trace_span" not in off and "%globaltimer" not in off
+    # --build-dir: a directory holding the library of the same source is taken as it is (no
+    # compile); another traced CTA's source is compiled afresh
+    calls = []
+    monkeypatch.setattr(clock_trace.subprocess, "run", lambda *a, **k: calls.append(a))
+    assert clock_trace.build(plan, 3, tmp_path) == library and calls == []
+    clock_trace.build(plan, 5, tmp_path)
+    assert len(calls) == 1
+    assert (tmp_path / attncc.render.source_name(plan)).read_text().startswith("#define ATTNCC_TRACE_CTA 5\n")
 
 
 def test_clock_trace_report_of_a_known_trace(capsys):
