@@ -20,7 +20,7 @@ void run(int num_seqs, int seq_rows, long long wave) {
   using S = attncc::CombineShape<Value<kDV>>;
   const auto pt = S::part_tasks(num_seqs, seq_rows, wave);
   const char* task = pt.task == attncc::MergeTask::kSlab ? "slab" : pt.task == attncc::MergeTask::kPair ? "pair" : "row";
-  std::cout << task << ' ' << pt.rows << ' ' << 1LL * num_seqs * attncc::ceil_div(seq_rows, pt.rows) << '\n';
+  std::cout << task << ' ' << pt.rows << ' ' << S::part_blocks(num_seqs, seq_rows, pt.rows) << '\n';
 }
 }  // namespace
 

@@ -70,11 +70,15 @@ struct CombineShape {
     int rows;
   };
   static constexpr int kSlabRows = kCombineWarps / kSlabs > 0 ? kCombineWarps / kSlabs : 1;  // a block's, a slab a warp
+  // Part mode's blocks: one a `rows` rows of each sequence.
+  __host__ __device__ static long long part_blocks(int num_seqs, int seq_rows, int rows) {
+    return 1LL * num_seqs * ceil_div(seq_rows, rows);
+  }
   __host__ __device__ static bool fits(int num_seqs, int seq_rows, int rows, long long wave) {
-    return 1LL * num_seqs * ceil_div(seq_rows, rows) <= wave;
+    return part_blocks(num_seqs, seq_rows, rows) <= wave;
   }
   __host__ __device__ static PartTasks part_tasks(int num_seqs, int seq_rows, long long wave) {
-    if (1LL * num_seqs * ceil_div(seq_rows, kPartRows) >= kManyBlocks) return {MergeTask::kRow, kPartRows};
+    if (part_blocks(num_seqs, seq_rows, kPartRows) >= kManyBlocks) return {MergeTask::kRow, kPartRows};
     if (fits(num_seqs, seq_rows, kSlabRows, wave)) return {MergeTask::kSlab, kSlabRows};
     if (kPairs && fits(num_seqs, seq_rows, 2 * kSlabRows, wave)) return {MergeTask::kPair, 2 * kSlabRows};
     return {MergeTask::kRow, fits(num_seqs, seq_rows, kCombineWarps, wave) ? kCombineWarps : kPartRows};
@@ -278,7 +282,7 @@ struct CombineLaunch {
     if (a.num_parts > 0) {
       const int seq_rows = CtaWork<Cfg>::seq_rows(a.s_q), num_seqs = CtaWork<Cfg>::num_seqs(a);
       const typename S::PartTasks pt = S::part_tasks(num_seqs, seq_rows, S::wave(a));
-      return {pt.task, static_cast<unsigned>(1LL * num_seqs * ceil_div(seq_rows, pt.rows))};
+      return {pt.task, static_cast<unsigned>(S::part_blocks(num_seqs, seq_rows, pt.rows))};
     }
     const long long rows = static_cast<long long>(a.batch) * a.s_q * Cfg::kHeadsQ;
     const bool whole = S::whole_rows(rows);
