@@ -167,6 +167,8 @@ CHOICES = [
     # producer_fences=false where taken: an fp8 plan's rope box fenced by the consumers (relay
     # sparse and dense, stacked)
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],
+    # producer_q=false where taken: the consumers load each piece's Q themselves (TMA and cp.async seesaw)
+    ("mla", "producer_q=false"), ("mla_page1_h128", "producer_q=false"),
 ]
 
 

@@ -1277,3 +1277,22 @@ def test_random_specs_lower_to_legal_plans_or_positioned_errors(text):
     assert_legal(plan)
     assert staged_columns(plan, plan.layout.key_runs) == spec_columns(k.spec.key)
     assert staged_columns(plan, plan.layout.value_runs) == spec_columns(k.spec.value)
+
+
+def test_producer_q_on_the_plain_seesaw_only():
+    """producer_q: the seesaw's producer copies each piece's Q (bf16 TMA and cp.async plans); not
+    the relay (its producer sets the pace), crossover (its producer stores into the peer) or the
+    stacked schedule (its split merge reuses the Q region); explain says which."""
+    for spec in (mla(heads=128), mla(heads=128, page=1)):
+        k = compile_quiet(spec)
+        assert k.plan.config.seesaw and k.plan.config.producer_q
+        assert re.search(r"^\s+producer_q\s+True\s+chosen: the producer copies each piece's Q rows", k.explain(), re.M)
+    relay = compile_quiet(EXTRA["sparse_fp8_h128"])
+    assert relay.plan.config.relay and not relay.plan.config.producer_q
+    assert re.search(r"^\s+producer_q\s+False\s+not chosen: the relay's producer", relay.explain(), re.M)
+    crossover = compile_quiet((REPO / "examples" / "mla_fp8_sparse.attn").read_text())
+    assert crossover.plan.config.crossover and not crossover.plan.config.producer_q
+    assert re.search(r"^\s+producer_q\s+False\s+not chosen: a crossover CTA's producer", crossover.explain(), re.M)
+    stacked = compile_quiet((REPO / "examples" / "gla2.attn").read_text())
+    assert not stacked.plan.config.seesaw and not stacked.plan.config.producer_q
+    assert re.search(r"^\s+producer_q\s+False\s+not chosen: the stacked groups' split merge", stacked.explain(), re.M)

@@ -92,7 +92,7 @@ NARROW_VALUE_COLS = 128
 WORK_BYTES = 256       # the work stash (base.py: CtaWork, the consumers' walk, the whole word), then the
 PRODUCER_WALK_OFFSET = 128  # producer's part walk (12 ints) here
 BARRIER_BYTES = 8      # an mbarrier
-HANDOFFS = 3           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups
+HANDOFFS = 5           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups; Q_FULL, Q_EMPTY (producer_q)
 SCALE_RECORD_BYTES = 16  # a token's scales of its fp8 run (4 fp32), one copy a tile into the stage's records
 
 
@@ -140,6 +140,8 @@ class HopperConfig(KernelConfig):
     spread_copies: bool       # a one-page TMA tile's box copies issued by the producer's four warps in turn (box b
                               # by lane 0 of warp b % 4), not all by thread 0
     overlap: bool             # stacked, rows mode: a group issues tile i + 1's S = Q K^T before tile i's softmax
+    producer_q: bool          # seesaw: the producer copies each piece's Q rows (Q_FULL), the next piece's once the
+                              # consumers are past the piece before (Q_EMPTY), under its epilogue
     boxes: int                # 64-column boxes of a staged token row
     key_boxes: int            # ... the key's, of its runs in order (= the boxes of a Q row; the seesaw: all)
     value_box: int            # ... the value's first (the seesaw: 0), and
@@ -451,6 +453,7 @@ class HopperFamily(Family):
         # nor with two sets of stages (relay.cuh: a handoff's next arrival needs its stage
         # released); and the `seesaw` knob asks for the seesaw itself
         relay = converts and not crossover and stages == PAIR_STAGES and not sched.seesaw
+        producer_q = seesaw and not relay and not crossover  # kernel.cuh: produce_q
         group_fence = fences_groups(layout.fp8, crossover=crossover, relay=relay, seesaw=seesaw)
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
@@ -560,6 +563,13 @@ class HopperFamily(Family):
              "(H100, session 41; 224 registers spilled its parts kernels)") if overlap else
              "not chosen: at 224 registers its parts kernels spilled 28 bytes, and this producer (four page numbers "
              "a tile, or fp8 conversion) needs more than 40 (ptxas)"),
+            ("producer_q", "chosen: the producer copies each piece's Q rows, the next piece's after its first "
+             "pair's copies once the consumers are past the piece before, so that they land under its epilogue "
+             "(a piece's Q load waited ~6 K cycles at a transition; H100 clock trace, session 45; to be measured)"
+             if producer_q else
+             "not chosen: " + ("the stacked groups' split merge reuses the Q region" if not seesaw else
+                               "the relay's producer sets the pace" if relay else
+                               "a crossover CTA's producer stores into its peer")),
             ("scale_record_bytes", records_why),
             ("key_boxes", "the key is the staged row's boxes " + " ++ ".join(
                 f"{c // BOX_COLS}" + (f"-{(c + w) // BOX_COLS - 1}" if w > BOX_COLS else "") for c, w in layout.key_runs)
@@ -603,7 +613,7 @@ class HopperFamily(Family):
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
-            spread_copies=one_page_tma and not seesaw, overlap=overlap,
+            spread_copies=one_page_tma and not seesaw, overlap=overlap, producer_q=producer_q,
             boxes=boxes, key_boxes=key_boxes, value_box=value_box, value_boxes=spec.d_v // BOX_COLS,
             out_boxes=out_cols // BOX_COLS, early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS if seesaw else -1, box_bytes=box_bytes, q_box_bytes=q_box_bytes, q_bytes=q_bytes,

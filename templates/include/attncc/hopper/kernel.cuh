@@ -6,9 +6,9 @@
 //   warp group 2, the producer (produce.cuh; setmaxnreg down to kProducerRegisters): each tile
 //     into its stage box by box, by TMA (a page-64 tile inside the view) or cp.async;
 //   warp groups 0 and 1, the consumers (setmaxnreg up; relay: WG0 up, WG1 down, each its own
-//     copy of the code, as_consumers): Q into shared memory, then the plan's schedule over the
-//     tiles and the epilogue: the seesaw (seesaw.cuh), the relay (relay.cuh) or stacked
-//     (stacked.cuh).
+//     copy of the code, as_consumers): Q into shared memory (producer_q: the producer copies
+//     it, produce_q), then the plan's schedule over the tiles and the epilogue: the seesaw
+//     (seesaw.cuh), the relay (relay.cuh) or stacked (stacked.cuh).
 // The roles walk the same pieces independently, the producer up to kStages tiles ahead; their
 // only contact is the barriers of the stages (FULL per box, FLAGS, EMPTY early/late), whose
 // phases both count per stage across pieces (traits.cuh: Progress).
@@ -58,6 +58,44 @@ struct AskedGroup {};
 __device__ __forceinline__ int group_index(AskedGroup) { return warp_group(); }
 template <int kWg>
 __device__ __forceinline__ constexpr int group_index(std::integral_constant<int, kWg>) { return kWg; }
+
+// CTA row R's query row in q ([b, s_q, h_q, d_k], 16-bit), as a byte offset.
+template <class Cfg>
+__device__ __forceinline__ long long q_row_bytes(const AttnccArgs& a, const CtaWork<Cfg>& w, int R) {
+  const long long row = (static_cast<long long>(w.b) * a.s_q + w.row_token(R)) * Cfg::kHeadsQ + w.head * Cfg::kGroup + w.row_head(R);
+  return row * Cfg::kDK * 2;
+}
+
+// The piece's Q rows -> the boxes of the Q tile (zero past the CTA's rows), 16-byte chunk i of
+// the tile by thread i (mod threads) of `threads`, by cp.async.
+template <class Cfg>
+__device__ __forceinline__ void copy_q(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, int i0, int threads) {
+  const char* q_any = static_cast<const char*>(a.q);
+  constexpr int kChunks = Cfg::kKeyBoxes * 8;  // 16-byte chunks of a Q row
+#pragma unroll 1
+  for (int i = i0; i < Cfg::kTileM * kChunks; i += threads) {
+    const int r = i / kChunks, ch = i % kChunks;
+    const int R = w.mb * Cfg::kTileM + r;
+    const char* src = R < w.rows_total ? q_any + q_row_bytes<Cfg>(a, w, R) + ch * 16 : q_any;
+    cp_async_16(sbase + Cfg::kQOff + (ch / 8) * Cfg::kQBoxBytes + sw128(r, ch % 8), src, R < w.rows_total);
+  }
+}
+
+// producer_q (the plan's kProducerQ): the producer copies piece n's Q rows once the consumers are
+// past piece n - 1's last S = Q K^T (Q_EMPTY, which they arrive on before its epilogue; piece 0:
+// at once), each thread's copies counted on Q_FULL as they land (the consumers wait on it at the
+// piece's start). produce() calls it first in the CTA's first piece and after the first pair's
+// (or tile's) copies in a later one: those copies wait only for stages the piece before
+// releases, so the order cannot deadlock, and Q lands under the piece before's epilogue instead
+// of after it (the consumers' own Q load waited ~6 K cycles at a transition; H100 clock trace,
+// bench/RESULTS.md session 45).
+template <class Cfg>
+__device__ __forceinline__ void produce_q(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, int p, int piece) {
+  using T = HopperTraits<Cfg>;
+  mbarrier_wait(T::q_empty(sbase), (piece & 1) ^ 1);  // piece 0: the phase before the first, complete
+  copy_q<Cfg>(a, w, sbase, p, kGroupThreads);
+  cp_async_arrive(T::q_full(sbase));
+}
 
 // The KV tiles a CTA reads of its range: the causal cut by its last row.
 template <class Cfg>
@@ -137,6 +175,9 @@ template <class Cfg>
 __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const CtaWork<Cfg>& w, uint32_t sbase,
                                         unsigned char* smem, int p, Progress<Cfg::kStages>& pr) {
   using T = HopperTraits<Cfg>;
+  static_assert(!Cfg::kProducerQ || T::kSeesaw, "producer_q: the seesaw's producer");
+  const bool q_first = Cfg::kProducerQ && pr.pieces == 0;  // the CTA's first piece: Q before its tiles
+  if (q_first) produce_q<Cfg>(a, w, sbase, p, 0);
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
   SlotSource ss;
@@ -154,10 +195,12 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
                          nb = tma_tile<Cfg>(a, ss, w.tile_begin + it + 3, it + 3 < pt.n_iter);
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
       if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
+      if (Cfg::kProducerQ && it == 0 && !q_first) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // a later piece: after its first pair
       pr.used(sa);
       if (has_b) pr.used(sb);
       ta = na, tb = nb;
     }
+    if (Cfg::kProducerQ && pt.n_iter == 0 && !q_first) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // a piece of no tile
   } else {
     TmaTile<Cfg> next = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0);
     for (int it = 0; it < pt.n_iter; ++it, pr.next_tile()) {
@@ -168,6 +211,7 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       pr.used(st);
     }
   }
+  ++pr.pieces;
 }
 
 // The consumers' part of a piece: Q, then the seesaw (seesaw.cuh), the relay (relay.cuh) or the
@@ -181,21 +225,13 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   const int first_pair = pr.pairs;  // the piece's trace slot (role 3)
   ATTNCC_TRACE(ct == 0, 3, first_pair, 0);
   if (ct == 0) stash(smem + Cfg::kWorkOff, w);
-  // Q rows -> boxes of the Q tile (zero past the CTA's rows)
-  const char* q_any = static_cast<const char*>(a.q);
-  constexpr int kChunks = Cfg::kKeyBoxes * 8;  // 16-byte chunks of a Q row
-  for (int i = ct; i < Cfg::kTileM * kChunks; i += 2 * kGroupThreads) {
-    const int r = i / kChunks, ch = i % kChunks;
-    const int R = w.mb * Cfg::kTileM + r;
-    const char* src = q_any;
-    if (R < w.rows_total) {
-      const long long row = (static_cast<long long>(w.b) * a.s_q + w.row_token(R)) * Cfg::kHeadsQ + w.head * Cfg::kGroup + w.row_head(R);
-      src = q_any + row * Cfg::kDK * 2 + ch * 16;
-    }
-    cp_async_16(sbase + Cfg::kQOff + (ch / 8) * Cfg::kQBoxBytes + sw128(r, ch % 8), src, R < w.rows_total);
+  if constexpr (Cfg::kProducerQ) {
+    mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), pr.pieces & 1);  // the producer's copies (produce_q)
+  } else {
+    copy_q<Cfg>(a, w, sbase, ct, 2 * kGroupThreads);
+    cp_async_commit();
+    cp_async_wait<0>();
   }
-  cp_async_commit();
-  cp_async_wait<0>();
   fence_async_shared();
   bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // Q and the work stash visible
   ATTNCC_TRACE(ct == 0, 3, first_pair, 1);
@@ -207,6 +243,7 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
     consume_stacked<Cfg>(a, w, pt.n_iter, pt.kv_len, sbase, smem, group_index(wg), ct % kGroupThreads, pr);
   }
   ATTNCC_TRACE(ct == 0, 3, first_pair, 2);
+  ++pr.pieces;
 }
 
 // The consumer warp groups' code after their setmaxnreg: body(wg). Relay: each group its own
@@ -239,7 +276,8 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
     mbarrier_init(T::empty_late(sbase, s), kCtas * 2 * kGroupThreads);
     mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
   }
-  for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase)}) mbarrier_init(bar, kGroupThreads);
+  for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase), T::q_full(sbase)}) mbarrier_init(bar, kGroupThreads);
+  mbarrier_init(T::q_empty(sbase), 2 * kGroupThreads);
   fence_mbarrier_init();
 }
 

@@ -244,6 +244,9 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
     pr.used(sa);
     if (has_b) pr.used(sb);
   }
+  // producer_q (kernel.cuh): this group is past every S = Q K^T of the piece (scores waits for
+  // each), so the producer may copy the next piece's Q rows over them under the epilogue
+  if constexpr (Cfg::kProducerQ) mbarrier_arrive(T::q_empty(sbase));
 
   // ---- epilogue: l = l_L + l_R, then each group's half of out (or of the partials)
 #pragma unroll

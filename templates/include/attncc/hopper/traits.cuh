@@ -110,6 +110,7 @@ struct Progress {
   int pairs = 0;  // seesaw: pairs of tiles so far
   int tiles = 0;  // stacked: tiles so far (tile k in stage k % kStages) ...
   int stage = 0;  // ... and the next tile's stage (kept, not divided out: the producer's registers)
+  int pieces = 0;  // pieces so far (producer_q: Q_FULL's and Q_EMPTY's phases)
   __device__ __forceinline__ void next_tile() {
     ++tiles;
     stage = stage + 1 == kStages ? 0 : stage + 1;
@@ -188,10 +189,14 @@ struct HopperTraits {
   __device__ static uint32_t max_a(uint32_t base) { return base + kBarOff + 8 * kHandoffs; }
   __device__ static uint32_t p_b(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 1); }
   __device__ static uint32_t p_a(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 2); }
+  // producer_q (kernel.cuh): a piece's Q rows landed (the producer's 128 threads' cp.async), and
+  // the consumers past the last S = Q K^T of the piece before (both groups' 256 threads)
+  __device__ static uint32_t q_full(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 3); }
+  __device__ static uint32_t q_empty(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 4); }
   // crossover (a 2-CTA cluster, produce.cuh): no barrier of its own (EMPTY counts both CTAs' consumers)
   static constexpr bool kCrossover = Cfg::kCrossover;
   static constexpr int kClusterCtas = kCrossover ? 2 : 1;  // a cluster: the pair of row blocks
-  static constexpr int kNumBarriers = kHandoffs + 3;
+  static constexpr int kNumBarriers = kHandoffs + 5;
 
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(Cfg::kTmaRows == 0 ||
