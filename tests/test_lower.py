@@ -654,8 +654,8 @@ def test_crossover_is_applied_by_the_hopper_family_and_explained():
     assert k.plan.family == "hopper" and k.plan.not_applied == () and cfg.crossover and cfg.seesaw
     assert re.search(r"^\s+crossover\s+True\s+`crossover`: clusters of two CTAs", k.explain(), re.M)
     # no barrier of its own: EMPTY counts both CTAs' consumers (FULL per box, EMPTY early / late
-    # and FLAGS per stage, three handoffs)
-    barriers = cfg.stages * cfg.boxes + 3 * cfg.stages + 3
+    # and FLAGS per stage, three handoffs, Q_FULL and Q_EMPTY)
+    barriers = cfg.stages * cfg.boxes + 3 * cfg.stages + 5
     assert cfg.bar_off + 8 * barriers <= cfg.flags_off < cfg.bar_off + 8 * barriers + 16
     plain = compile_quiet(EXTRA["sparse_fp8_h128"])
     assert plain.plan.family == "hopper" and not plain.plan.config.crossover
