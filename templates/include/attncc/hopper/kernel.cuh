@@ -72,7 +72,6 @@ template <class Cfg>
 __device__ __forceinline__ void copy_q(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, int i0, int threads) {
   const char* q_any = static_cast<const char*>(a.q);
   constexpr int kChunks = Cfg::kKeyBoxes * 8;  // 16-byte chunks of a Q row
-#pragma unroll 1
   for (int i = i0; i < Cfg::kTileM * kChunks; i += threads) {
     const int r = i / kChunks, ch = i % kChunks;
     const int R = w.mb * Cfg::kTileM + r;
