@@ -1280,13 +1280,13 @@ def test_random_specs_lower_to_legal_plans_or_positioned_errors(text):
 
 
 def test_producer_q_on_the_plain_seesaw_only():
-    """producer_q: the seesaw's producer copies each piece's Q (bf16 TMA and cp.async plans); not
+    """producer_q: the seesaw's producer copies a part's later pieces' Q (bf16 TMA and cp.async plans); not
     the relay (its producer sets the pace), crossover (its producer stores into the peer) or the
     stacked schedule (its split merge reuses the Q region); explain says which."""
     for spec in (mla(heads=128), mla(heads=128, page=1)):
         k = compile_quiet(spec)
         assert k.plan.config.seesaw and k.plan.config.producer_q
-        assert re.search(r"^\s+producer_q\s+True\s+chosen: the producer copies each piece's Q rows", k.explain(), re.M)
+        assert re.search(r"^\s+producer_q\s+True\s+chosen: the producer copies a part's later pieces' Q rows", k.explain(), re.M)
     relay = compile_quiet(EXTRA["sparse_fp8_h128"])
     assert relay.plan.config.relay and not relay.plan.config.producer_q
     assert re.search(r"^\s+producer_q\s+False\s+not chosen: the relay's producer", relay.explain(), re.M)

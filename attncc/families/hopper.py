@@ -140,8 +140,8 @@ class HopperConfig(KernelConfig):
     spread_copies: bool       # a one-page TMA tile's box copies issued by the producer's four warps in turn (box b
                               # by lane 0 of warp b % 4), not all by thread 0
     overlap: bool             # stacked, rows mode: a group issues tile i + 1's S = Q K^T before tile i's softmax
-    producer_q: bool          # seesaw: the producer copies each piece's Q rows (Q_FULL), the next piece's once the
-                              # consumers are past the piece before (Q_EMPTY), under its epilogue
+    producer_q: bool          # seesaw: the producer copies a part's later pieces' Q rows (Q_FULL) once the consumers
+                              # are past the piece before's last S (Q_EMPTY), under its last products and epilogue
     boxes: int                # 64-column boxes of a staged token row
     key_boxes: int            # ... the key's, of its runs in order (= the boxes of a Q row; the seesaw: all)
     value_box: int            # ... the value's first (the seesaw: 0), and
@@ -563,9 +563,10 @@ class HopperFamily(Family):
              "(H100, session 41; 224 registers spilled its parts kernels)") if overlap else
              "not chosen: at 224 registers its parts kernels spilled 28 bytes, and this producer (four page numbers "
              "a tile, or fp8 conversion) needs more than 40 (ptxas)"),
-            ("producer_q", "chosen: the producer copies each piece's Q rows, the next piece's after its first "
-             "pair's copies once the consumers are past the piece before, so that they land under its epilogue "
-             "(a piece's Q load waited ~6 K cycles at a transition; H100 clock trace, session 45; to be measured)"
+            ("producer_q", "chosen: the producer copies a part's later pieces' Q rows as soon as the consumers are "
+             "past the piece before's last S = Q K^T, so that they land under its last products and epilogue (a "
+             "transition's Q load waited ~6.9 K cycles, H100 clock trace, session 53); the first piece's the "
+             "consumers copy at once (by the producer, behind its start: b=1 1.065, session 47)"
              if producer_q else
              "not chosen: " + ("the stacked groups' split merge reuses the Q region" if not seesaw else
                                "the relay's producer sets the pace" if relay else

@@ -6,8 +6,8 @@
 //   warp group 2, the producer (produce.cuh; setmaxnreg down to kProducerRegisters): each tile
 //     into its stage box by box, by TMA (a page-64 tile inside the view) or cp.async;
 //   warp groups 0 and 1, the consumers (setmaxnreg up; relay: WG0 up, WG1 down, each its own
-//     copy of the code, as_consumers): Q into shared memory (producer_q: the producer copies
-//     it, produce_q), then the plan's schedule over the tiles and the epilogue: the seesaw
+//     copy of the code, as_consumers): Q into shared memory (producer_q: a later piece's by the
+//     producer, produce_q), then the plan's schedule over the tiles and the epilogue: the seesaw
 //     (seesaw.cuh), the relay (relay.cuh) or stacked (stacked.cuh).
 // The roles walk the same pieces independently, the producer up to kStages tiles ahead; their
 // only contact is the barriers of the stages (FULL per box, FLAGS, EMPTY early/late), whose
@@ -80,18 +80,23 @@ __device__ __forceinline__ void copy_q(const AttnccArgs& a, const CtaWork<Cfg>& 
   }
 }
 
-// producer_q (the plan's kProducerQ): the producer copies piece n's Q rows once the consumers are
-// past piece n - 1's last S = Q K^T (Q_EMPTY, which they arrive on before its epilogue; piece 0:
-// at once), each thread's copies counted on Q_FULL as they land (the consumers wait on it at the
-// piece's start). produce() calls it first in the CTA's first piece and after the first pair's
-// (or tile's) copies in a later one: those copies wait only for stages the piece before
-// releases, so the order cannot deadlock, and Q lands under the piece before's epilogue instead
-// of after it (the consumers' own Q load waited ~6 K cycles at a transition; H100 clock trace,
-// bench/RESULTS.md session 45).
+// producer_q (the plan's kProducerQ): a CTA's later pieces' Q rows by the producer. The consumers
+// copy their first piece's Q themselves (at the CTA's start the producer's own start, its
+// setmaxnreg and first slots, would stand before it: b = 1 1.065 of the time when the producer
+// copied it too, H100, bench/RESULTS.md session 47). For piece n >= 1 the producer copies the rows
+// once both consumer groups are past piece n - 1's last S = Q K^T (Q_EMPTY, each group's arrival
+// right after its own last S, seesaw.cuh), its copies counted on Q_FULL as they land (the
+// consumers wait on it at the piece's start): Q lands under the piece before's last products and
+// epilogue instead of after them (the consumers' own Q load at a transition waited ~6.9 K cycles,
+// H100 clock trace, session 53). produce() calls it before the piece's first pair where the plan
+// has one set of stages (those copies wait for the stages of the piece before's last pair, which
+// are released after its last S), after that pair's copies with two sets (the producer may be a
+// pair ahead); either order waits only for what the piece before releases, so it cannot deadlock.
+// Phases: Q_FULL completes once a piece n >= 1 (completion n - 1), Q_EMPTY once a piece.
 template <class Cfg>
 __device__ __forceinline__ void produce_q(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, int p, int piece) {
   using T = HopperTraits<Cfg>;
-  mbarrier_wait(T::q_empty(sbase), (piece & 1) ^ 1);  // piece 0: the phase before the first, complete
+  mbarrier_wait(T::q_empty(sbase), (piece - 1) & 1);  // the consumers past piece - 1's last S
   copy_q<Cfg>(a, w, sbase, p, kGroupThreads);
   cp_async_arrive(T::q_full(sbase));
 }
@@ -175,8 +180,9 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
                                         unsigned char* smem, int p, Progress<Cfg::kStages>& pr) {
   using T = HopperTraits<Cfg>;
   static_assert(!Cfg::kProducerQ || T::kSeesaw, "producer_q: the seesaw's producer");
-  const bool q_first = Cfg::kProducerQ && pr.pieces == 0;  // the CTA's first piece: Q before its tiles
-  if (q_first) produce_q<Cfg>(a, w, sbase, p, 0);
+  // producer_q: a later piece's Q before its first pair (one set of stages) or after it (two)
+  const bool q_later = Cfg::kProducerQ && pr.pieces > 0, q_before = q_later && T::kSets == 1;
+  if (q_before) produce_q<Cfg>(a, w, sbase, p, pr.pieces);
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
   SlotSource ss;
@@ -194,12 +200,12 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
                          nb = tma_tile<Cfg>(a, ss, w.tile_begin + it + 3, it + 3 < pt.n_iter);
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
       if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
-      if (Cfg::kProducerQ && it == 0 && !q_first) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // a later piece: after its first pair
+      if (q_later && !q_before && it == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // two sets: after the first pair
       pr.used(sa);
       if (has_b) pr.used(sb);
       ta = na, tb = nb;
     }
-    if (Cfg::kProducerQ && pt.n_iter == 0 && !q_first) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // a piece of no tile
+    if (q_later && !q_before && pt.n_iter == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // a piece of no tile
   } else {
     TmaTile<Cfg> next = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0);
     for (int it = 0; it < pt.n_iter; ++it, pr.next_tile()) {
@@ -224,8 +230,8 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   const int first_pair = pr.pairs;  // the piece's trace slot (role 3)
   ATTNCC_TRACE(ct == 0, 3, first_pair, 0);
   if (ct == 0) stash(smem + Cfg::kWorkOff, w);
-  if constexpr (Cfg::kProducerQ) {
-    mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), pr.pieces & 1);  // the producer's copies (produce_q)
+  if (Cfg::kProducerQ && pr.pieces > 0) {
+    mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), (pr.pieces - 1) & 1);  // the producer's copies (produce_q)
   } else {
     copy_q<Cfg>(a, w, sbase, ct, 2 * kGroupThreads);
     cp_async_commit();

@@ -93,6 +93,12 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
   // positions below full_limit are visible to every row (the first row has the smallest token)
   const int full_limit = w.token_limit(w.row_token(w.mb * Cfg::kTileM), kv_len, s_q);
   const float c = a.softmax_scale * kLog2e;
+  // producer_q (kernel.cuh: produce_q): this group is past its last S = Q K^T of the piece
+  // (scores waits for it), so the producer may copy the next piece's Q rows (Q_EMPTY counts both
+  // groups) under the last products and the epilogue
+  auto release_q = [&]() {
+    if constexpr (Cfg::kProducerQ) mbarrier_arrive(T::q_empty(sbase));
+  };
   auto scale_o = [](float(&acc)[kAcc], const float(&by)[2]) {  // O's rows by c_a or c_b (kSkipUnmoved: by a vote)
     if constexpr (Cfg::kSkipUnmoved) scale_rows_if_moved(acc, by); else scale_rows(acc, by);
   };
@@ -110,6 +116,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 0);
       scores<Cfg>(s, sbase + Cfg::kQOff, sbase, sa, parity, pr.pairs);
       ATTNCC_TRACE(t == 0, 0, pr.pairs, 2);
+      if (it + 2 >= n_iter) release_q();
       mbarrier_wait(T::flags_bar(sbase, sa), parity);
       mask_and_max<Cfg>(s, mx, f, (w.tile_begin + it) * Cfg::kTileN, full_limit, row_limit, sbase + T::stage_flags(sa));
 #pragma unroll
@@ -222,6 +229,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         scale_o(o, ca);
         pv_a();
         scores_b();
+        if (it + 2 >= n_iter) release_q();
         rescale_b();
         p_b();
         __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
@@ -230,6 +238,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         pv_b();
       } else {
         scores_b();
+        if (it + 2 >= n_iter) release_q();
         take_max_a();
         rescale_b();
         __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
@@ -244,9 +253,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
     pr.used(sa);
     if (has_b) pr.used(sb);
   }
-  // producer_q (kernel.cuh): this group is past every S = Q K^T of the piece (scores waits for
-  // each), so the producer may copy the next piece's Q rows over them under the epilogue
-  if constexpr (Cfg::kProducerQ) mbarrier_arrive(T::q_empty(sbase));
+  if (n_iter == 0) release_q();  // a piece of no tile: no S read Q
 
   // ---- epilogue: l = l_L + l_R, then each group's half of out (or of the partials)
 #pragma unroll
