@@ -82,7 +82,7 @@ struct Config {
   static constexpr bool kProducerFences = true;  // a TMA plan's rare cp.async tiles (a partial last tile, a bad page number): landed, fenced, then FULL (the consumers need no fence)
   static constexpr bool kSpreadCopies = false;  // not chosen: thread 0 issues a one-page tile's copies (spread over the four warps, same-process A/B, H100: MLA b=128 s_q 1 0.999, s_q 2 1.004, b=8 1.003, b=1 1.020)
   static constexpr bool kOverlap = false;  // seesaw: the groups hand the tile to each other
-  static constexpr bool kProducerQ = true;  // chosen: the producer copies a part's later pieces' Q rows as soon as the consumers are past the piece before's last S = Q K^T, so that they land under its last products and epilogue (a transition's Q load waited ~6.9 K cycles, H100 clock trace, session 53); the first piece's the consumers copy at once (by the producer, behind its start: b=1 1.065, session 47)
+  static constexpr bool kProducerQ = true;  // chosen: the producer copies a part's later pieces' Q rows as soon as the consumers are past the piece before's last S = Q K^T, so that they land under its last products and epilogue (a transition's Q load waited ~6.9 K cycles, H100 clock trace, session 53); the first piece's the consumers copy at once (by the producer, behind its start: b=1 1.065, session 47). Same-process A/B against producer_q=false, H100: MLA b=128 s_k 4096 0.987 (s_q 1) / 0.988 (s_q 2), s_k 8192 0.990 / 0.995, b=8 0.992, b=1 0.997
   static constexpr int kBoxes = 9;
   static constexpr int kKeyBoxes = 9;  // the key is the staged row's boxes 0-8, read by S = Q K^T in the stage's order against the Q row's columns in the key's
   static constexpr int kValueBox = 0;  // the value is the staged row's boxes 0-7 (O += P V's operand)
