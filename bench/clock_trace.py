@@ -204,7 +204,9 @@ def start(span, cta, first, begun, tile0, piece0, pair0) -> None:
     at = lambda v: "-" if v is None else f"{v - begin}"  # noqa: E731
     print(f"  start, cycles from the CTA's begin: barriers {at(begun[0])} | walk started {at(begun[1])} | "
           f"CTA met {at(begun[2])} | producer {at(begun[3])}, consumers {at(begun[4])} past setmaxnreg | "
-          f"tile 0: EMPTY wait {at(tile0[0])}, copies issued {at(tile0[3])} | piece 0: Q issued {at(piece0[0])}, "
+          f"producer: piece 0's length read {at(begun[5])}, tile 0's page numbers read {at(begun[6])} | "
+          f"tile 0: EMPTY wait {at(tile0[0])}, early passed {at(tile0[1])}, late passed {at(tile0[2])}, "
+          f"copies issued {at(tile0[3])} | piece 0: Q issued {at(piece0[0])}, "
           f"Q landed {at(piece0[1])} | WG0's first S: boxes landed {at(pair0[1])}")
 
 

@@ -207,7 +207,7 @@ def test_clock_trace_report_of_a_known_trace(capsys):
         flat[at(3, first, 1)] = start[first] - 100
         flat[at(3, first, 2)] = start[last] + 700 + 250
     # the CTA's start (the start's role, slot 0), cycles after its begin (t0 - 400 on its clock)
-    for e, after in enumerate((287, 3320, 3421, 4493, 4538)):
+    for e, after in enumerate((287, 3320, 3421, 4493, 4538, 5100, 5300)):
         flat[at(clock_trace.START, 0, e)] = t0 - 400 + after
     for c in range(132):
         span[4 * c: 4 * c + 4] = [1_000_000 + c, 5, 1_000_000 + 20_000 + 10 * c, 5]
@@ -224,7 +224,8 @@ def test_clock_trace_report_of_a_known_trace(capsys):
     assert "results written -> the next piece begins 1750 in all" in out
     assert "the last results -> the CTA's end 1650" in out
     assert ("start, cycles from the CTA's begin: barriers 287 | walk started 3320 | CTA met 3421 | producer 4493, "
-            "consumers 4538 past setmaxnreg | tile 0: EMPTY wait 400, copies issued 670 | piece 0: Q issued 100, "
+            "consumers 4538 past setmaxnreg | producer: piece 0's length read 5100, tile 0's page numbers read 5300 | "
+            "tile 0: EMPTY wait 400, early passed 490, late passed 580, copies issued 670 | piece 0: Q issued 100, "
             "Q landed 300 | WG0's first S: boxes landed 500") in out
     spans = clock_trace.spans_ns(span)  # --spans: ns from the grid's first begin
     assert len(spans) == 132 and spans[0] == [0, 20_000] and spans[7] == [0, 12_000] and spans[131] == [131, 21_310]
