@@ -10,8 +10,9 @@
 // written); role 4 (kTraceStart) the CTA's start, in slot 0 (0 the barriers are initialized, 1 warp 0
 // has started the walk (part mode), 2 the CTA has met, 3 the producer and 4 the consumers are past
 // setmaxnreg: thread 0 of each; the producer's thread 0 in its first piece: 5 the piece's length
-// read, 6 its first tile's page numbers read, each event's condition waiting for the value). ATTNCC_TRACE_SPAN(end), thread 0 of every CTA (not only the traced one): the global
-// timer (ns) and the SM clock when the CTA begins (end 0) and when it is done (end 1), so that the
+// read, 6 its first tile's page numbers read, each event's condition waiting for the value).
+// ATTNCC_TRACE_SPAN(end), thread 0 of every CTA (not only the traced one): the global timer (ns)
+// and the SM clock when the CTA begins (end 0) and when it is done (end 1), so that the
 // host sees the grid's balance and the clock's rate. The host reads the arrays back through
 // attncc_trace_read and attncc_trace_read_span (and zeroes both through attncc_trace_clear) of the
 // built library; each returns a cudaError_t.

@@ -185,8 +185,9 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
   if (q_before) produce_q<Cfg>(a, w, sbase, p, pr.pieces);
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
-  // trace (the CTA's first piece): the piece's length read (the condition waits for it)
-  ATTNCC_TRACE(p == 0 && pr.pieces == 0 && pt.n_iter >= 0, kTraceStart, 0, 5);
+  // trace (the CTA's first piece): the piece's length read (the condition waits for it: opaque,
+  // so that the compiler cannot fold a comparison it knows the outcome of)
+  ATTNCC_TRACE(p == 0 && pr.pieces == 0 && opaque(pt.kv_len) >= 0, kTraceStart, 0, 5);
   SlotSource ss;
   ss.row = Cfg::kSparse ? a.indices + static_cast<long long>(w.seq) * Cfg::kTopK
                         : a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
@@ -202,7 +203,7 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
                          nb = tma_tile<Cfg>(a, ss, w.tile_begin + it + 3, it + 3 < pt.n_iter);
       // trace: the CTA's first tile's page numbers read (TMA plans: its `whole` waits for them),
       // the next pair's loads issued before
-      ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && ta.token != -2, kTraceStart, 0, 6);
+      ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && opaque(ta.token) != -2, kTraceStart, 0, 6);
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
       if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
       if (q_later && !q_before && it == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // two sets: after the first pair
@@ -217,7 +218,7 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       const int st = pr.stage;
       const TmaTile<Cfg> tm = next;
       next = tma_tile<Cfg>(a, ss, w.tile_begin + it + 1, it + 1 < pt.n_iter);
-      ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && tm.token != -2, kTraceStart, 0, 6);  // (as the seesaw's)
+      ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && opaque(tm.token) != -2, kTraceStart, 0, 6);  // (as the seesaw's)
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1, pr.tiles, ahead);
       pr.used(st);
     }
