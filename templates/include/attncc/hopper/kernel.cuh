@@ -181,7 +181,7 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
   using T = HopperTraits<Cfg>;
   static_assert(!Cfg::kProducerQ || T::kSeesaw, "producer_q: the seesaw's producer");
   // producer_q: a later piece's Q before its first pair (one set of stages) or after it (two)
-  const bool q_later = Cfg::kProducerQ && pr.pieces > 0, q_before = q_later && T::kSets == 1;
+  const bool q_later = Cfg::kProducerQ && pr.pieces > 0, q_before = q_later && T::kSets == 1, q_after = q_later && !q_before;
   if (q_before) produce_q<Cfg>(a, w, sbase, p, pr.pieces);
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
@@ -206,12 +206,12 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && opaque(ta.token) != -2, kTraceStart, 0, 6);
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
       if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
-      if (q_later && !q_before && it == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // two sets: after the first pair
+      if (q_after && it == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // two sets: after the first pair
       pr.used(sa);
       if (has_b) pr.used(sb);
       ta = na, tb = nb;
     }
-    if (q_later && !q_before && pt.n_iter == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // a piece of no tile
+    if (q_after && pt.n_iter == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // a piece of no tile
   } else {
     TmaTile<Cfg> next = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0);
     for (int it = 0; it < pt.n_iter; ++it, pr.next_tile()) {

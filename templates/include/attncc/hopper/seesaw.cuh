@@ -170,6 +170,7 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         } else {
           mx[0] = mx[1] = -INFINITY;
         }
+        if (it + 2 >= n_iter) release_q();  // the group's last S of the piece
       };
       auto take_max_a = [&]() {  // m_a and c_a, handed by WG0
         mbarrier_wait(T::max_a(sbase), pair);  // MAX_A
@@ -229,7 +230,6 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         scale_o(o, ca);
         pv_a();
         scores_b();
-        if (it + 2 >= n_iter) release_q();
         rescale_b();
         p_b();
         __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
@@ -238,7 +238,6 @@ __device__ __forceinline__ void consume(const AttnccArgs& a, const CtaWork<Cfg>&
         pv_b();
       } else {
         scores_b();
-        if (it + 2 >= n_iter) release_q();
         take_max_a();
         rescale_b();
         __syncwarp();  // the quad's reads of m_a and c_a before its first lane overwrites m
