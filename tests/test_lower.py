@@ -1279,6 +1279,22 @@ def test_random_specs_lower_to_legal_plans_or_positioned_errors(text):
     assert staged_columns(plan, plan.layout.value_runs) == spec_columns(k.spec.value)
 
 
+def test_q_after_tile_on_16_bit_plans_only():
+    """q_after_tile: the consumers' first Q copy waits for the producer's first tile's copies on every
+    16-bit plan (seesaw TMA and cp.async, stacked); not where an fp8 tile's conversion follows its copies
+    (the relay, crossover, the stacked fp8 producer); explain says which, and the kernel gets the knob."""
+    for spec in (mla(heads=128), mla(heads=128, page=1), (REPO / "examples" / "gla2.attn").read_text()):
+        k = compile_quiet(spec)
+        assert k.plan.config.q_after_tile
+        assert re.search(r"^\s+q_after_tile\s+True\s+chosen: the consumers copy the CTA's first Q rows once", k.explain(), re.M)
+        assert "static constexpr bool kQAfterTile = true;" in render(k.plan)
+    for spec in (EXTRA["sparse_fp8_h128"], (REPO / "examples" / "mla_fp8_sparse.attn").read_text()):
+        k = compile_quiet(spec)
+        assert not k.plan.config.q_after_tile
+        assert re.search(r"^\s+q_after_tile\s+False\s+not chosen: the first tile's fp8 conversion", k.explain(), re.M)
+        assert "static constexpr bool kQAfterTile = false;" in render(k.plan)
+
+
 def test_producer_q_on_the_plain_seesaw_only():
     """producer_q: the seesaw's producer copies a part's later pieces' Q (bf16 TMA and cp.async plans); not
     the relay (its producer sets the pace), crossover (its producer stores into the peer) or the

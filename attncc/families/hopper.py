@@ -92,7 +92,8 @@ NARROW_VALUE_COLS = 128
 WORK_BYTES = 256       # the work stash (base.py: CtaWork, the consumers' walk, the whole word), then the
 PRODUCER_WALK_OFFSET = 128  # producer's part walk (12 ints) here
 BARRIER_BYTES = 8      # an mbarrier
-HANDOFFS = 5           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups; Q_FULL, Q_EMPTY (producer_q)
+HANDOFFS = 6           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups; Q_FULL, Q_EMPTY (producer_q);
+                       # Q_GO (q_after_tile)
 SCALE_RECORD_BYTES = 16  # a token's scales of its fp8 run (4 fp32), one copy a tile into the stage's records
 
 
@@ -142,6 +143,8 @@ class HopperConfig(KernelConfig):
     overlap: bool             # stacked, rows mode: a group issues tile i + 1's S = Q K^T before tile i's softmax
     producer_q: bool          # seesaw: the producer copies a part's later pieces' Q rows (Q_FULL) once the consumers
                               # are past the piece before's last S (Q_EMPTY), under its last products and epilogue
+    q_after_tile: bool        # the consumers copy the CTA's first Q rows once the producer has issued its first
+                              # tile's copies (Q_GO), so that its page-number loads do not queue behind Q's
     boxes: int                # 64-column boxes of a staged token row
     key_boxes: int            # ... the key's, of its runs in order (= the boxes of a Q row; the seesaw: all)
     value_box: int            # ... the value's first (the seesaw: 0), and
@@ -454,6 +457,13 @@ class HopperFamily(Family):
         # released); and the `seesaw` knob asks for the seesaw itself
         relay = converts and not crossover and stages == PAIR_STAGES and not sched.seesaw
         producer_q = seesaw and not relay and not crossover  # kernel.cuh: produce_q
+        # the CTA's start (kernel.cuh: Q_GO): the consumers' cp.async of a 64-row Q tile (4,608
+        # 16-byte copies a CTA, every CTA at once) queued the producer's loads of the first piece's
+        # length and page numbers behind it: H100 clock trace, MLA b=1 s_k 32768, the producer past
+        # setmaxnreg at 3.1 K cycles, the length read at 6.6 K, the page numbers at 8.9 K, tile 0's
+        # copies issued at 13.4 K, its first boxes landed at 15.8 K (Q landed at 7.9 K). Not where
+        # the first tile's fp8 conversion follows its copies (the Q would wait for it too)
+        q_after_tile = not layout.fp8
         group_fence = fences_groups(layout.fp8, crossover=crossover, relay=relay, seesaw=seesaw)
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
@@ -573,6 +583,11 @@ class HopperFamily(Family):
              "not chosen: " + ("the stacked groups' split merge reuses the Q region" if not seesaw else
                                "the relay's producer sets the pace" if relay else
                                "a crossover CTA's producer stores into its peer")),
+            ("q_after_tile", "chosen: the consumers copy the CTA's first Q rows once the producer has issued its "
+             "first tile's copies (Q_GO), whose length and page-number loads queued behind Q's 4,608 copies (H100 "
+             "clock trace, MLA b=1: first tile's copies at 13.4 K cycles from the CTA's begin, Q landed at 7.9 K)"
+             if q_after_tile else
+             "not chosen: the first tile's fp8 conversion follows its copies, and Q would wait for it too"),
             ("scale_record_bytes", records_why),
             ("key_boxes", "the key is the staged row's boxes " + " ++ ".join(
                 f"{c // BOX_COLS}" + (f"-{(c + w) // BOX_COLS - 1}" if w > BOX_COLS else "") for c, w in layout.key_runs)
@@ -616,7 +631,7 @@ class HopperFamily(Family):
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
-            spread_copies=one_page_tma and not seesaw, overlap=overlap, producer_q=producer_q,
+            spread_copies=one_page_tma and not seesaw, overlap=overlap, producer_q=producer_q, q_after_tile=q_after_tile,
             boxes=boxes, key_boxes=key_boxes, value_box=value_box, value_boxes=spec.d_v // BOX_COLS,
             out_boxes=out_cols // BOX_COLS, early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS if seesaw else -1, box_bytes=box_bytes, q_box_bytes=q_box_bytes, q_bytes=q_bytes,

@@ -170,6 +170,17 @@ __device__ __forceinline__ TmaTile<Cfg> tma_tile(const AttnccArgs& a, const Slot
   return tm;
 }
 
+// q_after_tile (the plan's kQAfterTile): the consumers copy their first piece's Q rows only once
+// the producer's thread 0 has issued the CTA's first tile's copies (or found its first piece
+// without tiles), Q_GO's one phase. At the CTA's start their 4,608 cp.async of a 64-row Q tile
+// (every CTA at once) held the producer's loads of the piece's length and page numbers behind
+// them: tile 0's copies went out ~10 K cycles after setmaxnreg (H100 clock trace, MLA b = 1,
+// bench/RESULTS.md session 54). The arrival waits for nothing the consumers do: it cannot deadlock.
+template <class Cfg>
+__device__ __forceinline__ void open_q(uint32_t sbase, int p, const Progress<Cfg::kStages>& pr) {
+  if (Cfg::kQAfterTile && p == 0 && pr.pieces == 0) mbarrier_arrive(HopperTraits<Cfg>::q_go(sbase));
+}
+
 // The producer's part of a piece, in the order the consumers release the stages. Seesaw: its
 // tiles in pairs, each pair's a then b (seesaw.cuh: a's stage is free after the pair's first
 // products), up to kSets pairs ahead of the consumers. Stacked: tile k of the stream into stage
@@ -205,6 +216,7 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       // the next pair's loads issued before
       ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && opaque(ta.token) != -2, kTraceStart, 0, 6);
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
+      if (it == 0) open_q<Cfg>(sbase, p, pr);
       if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
       if (q_after && it == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // two sets: after the first pair
       pr.used(sa);
@@ -220,9 +232,11 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       next = tma_tile<Cfg>(a, ss, w.tile_begin + it + 1, it + 1 < pt.n_iter);
       ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && opaque(tm.token) != -2, kTraceStart, 0, 6);  // (as the seesaw's)
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1, pr.tiles, ahead);
+      if (it == 0) open_q<Cfg>(sbase, p, pr);
       pr.used(st);
     }
   }
+  if (pt.n_iter == 0) open_q<Cfg>(sbase, p, pr);  // a first piece without tiles
   ++pr.pieces;
 }
 
@@ -240,6 +254,7 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork
   if (Cfg::kProducerQ && pr.pieces > 0) {
     mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), (pr.pieces - 1) & 1);  // the producer's copies (produce_q)
   } else {
+    if (Cfg::kQAfterTile && pr.pieces == 0) mbarrier_wait(HopperTraits<Cfg>::q_go(sbase), 0);  // open_q
     copy_q<Cfg>(a, w, sbase, ct, 2 * kGroupThreads);
     cp_async_commit();
     cp_async_wait<0>();
@@ -290,6 +305,7 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
   }
   for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase), T::q_full(sbase)}) mbarrier_init(bar, kGroupThreads);
   mbarrier_init(T::q_empty(sbase), 2 * kGroupThreads);
+  mbarrier_init(T::q_go(sbase), 1);
   fence_mbarrier_init();
 }
 
