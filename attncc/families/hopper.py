@@ -145,6 +145,8 @@ class HopperConfig(KernelConfig):
                               # are past the piece before's last S (Q_EMPTY), under its last products and epilogue
     q_after_tile: bool        # the consumers copy the CTA's first Q rows once the producer has issued its first
                               # tile's copies (Q_GO), so that its page-number loads do not queue behind Q's
+    first_slots: bool         # part mode: the walk's warp prefetches the first piece's first two tiles' page numbers
+                              # (sparse: indices) into L2 as soon as it knows the piece, before the roles part
     boxes: int                # 64-column boxes of a staged token row
     key_boxes: int            # ... the key's, of its runs in order (= the boxes of a Q row; the seesaw: all)
     value_box: int            # ... the value's first (the seesaw: 0), and
@@ -464,6 +466,10 @@ class HopperFamily(Family):
         # copies issued at 13.4 K, its first boxes landed at 15.8 K (Q landed at 7.9 K). Not where
         # the first tile's fp8 conversion follows its copies (the Q would wait for it too)
         q_after_tile = not layout.fp8
+        # the producer's first page numbers are a DRAM round trip after its setmaxnreg; the walk's
+        # warp knows the piece ~1 K cycles before (H100 clock trace: walk done 2.2 K, producer past
+        # setmaxnreg 3.1 K)
+        first_slots = True
         group_fence = fences_groups(layout.fp8, crossover=crossover, relay=relay, seesaw=seesaw)
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
@@ -588,6 +594,8 @@ class HopperFamily(Family):
              "clock trace, MLA b=1: first tile's copies at 13.4 K cycles from the CTA's begin, Q landed at 7.9 K)"
              if q_after_tile else
              "not chosen: the first tile's fp8 conversion follows its copies, and Q would wait for it too"),
+            ("first_slots", "chosen: part mode's walk prefetches the first piece's first two tiles' page numbers "
+             "(sparse: indices) into L2 before the roles part, ~1 K cycles before the producer asks for them"),
             ("scale_record_bytes", records_why),
             ("key_boxes", "the key is the staged row's boxes " + " ++ ".join(
                 f"{c // BOX_COLS}" + (f"-{(c + w) // BOX_COLS - 1}" if w > BOX_COLS else "") for c, w in layout.key_runs)
@@ -631,7 +639,7 @@ class HopperFamily(Family):
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
-            spread_copies=one_page_tma and not seesaw, overlap=overlap, producer_q=producer_q, q_after_tile=q_after_tile,
+            spread_copies=one_page_tma and not seesaw, overlap=overlap, producer_q=producer_q, q_after_tile=q_after_tile, first_slots=first_slots,
             boxes=boxes, key_boxes=key_boxes, value_box=value_box, value_boxes=spec.d_v // BOX_COLS,
             out_boxes=out_cols // BOX_COLS, early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS if seesaw else -1, box_bytes=box_bytes, q_box_bytes=q_box_bytes, q_bytes=q_bytes,

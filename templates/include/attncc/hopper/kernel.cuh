@@ -381,6 +381,27 @@ __device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned cha
   }
 }
 
+// first_slots (the plan's kFirstSlots): the walk's warp, once it knows the part's first piece,
+// prefetches into L2 the lines of that piece's first two tiles' page numbers (sparse: indices),
+// clamped to the sequence's slots, ~1 K cycles before the producer (past cta_sync and setmaxnreg)
+// loads them: a DRAM round trip on the way to the CTA's first copies. Lane i the i-th line.
+template <class Cfg>
+__device__ __forceinline__ void prefetch_first_slots(const AttnccArgs& a, const PartWalk& pw, int lane) {
+  if (!Cfg::kFirstSlots || !walk_has_piece<Cfg>(a, pw)) return;
+  const Piece pc = walk_piece<Cfg>(a, pw);
+  bool bad;
+  const int kv_len = CtaWork<Cfg>::kv_len(a, pc.seq, bad);  // (dense: the sequence is the batch entry)
+  constexpr int kPer = Cfg::kSparse ? 1 : Cfg::kPageSize;  // tokens a slot
+  const int from = pc.tile_begin * Cfg::kTileN, to = min(min(pc.tile_end, pc.tile_begin + 2) * Cfg::kTileN, kv_len);
+  if (to <= from) return;
+  const int* row = Cfg::kSparse ? a.indices + static_cast<long long>(pc.seq) * Cfg::kTopK
+                                : a.block_table + static_cast<long long>(pc.seq) * a.block_table_stride;
+  const char* lo = reinterpret_cast<const char*>(row + from / kPer);
+  const char* hi = reinterpret_cast<const char*>(row + (to - 1) / kPer);
+  const long long line = (reinterpret_cast<unsigned long long>(lo) & ~127ull) - reinterpret_cast<unsigned long long>(lo) + 128ll * lane;
+  if (lo + line <= hi) prefetch_l2_at(lo, line);
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __grid_constant__ AttnccArgs args,
                                                                         const __grid_constant__ TmaMaps<Cfg::kNumTensors> maps) {
@@ -394,6 +415,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     bool whole;
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x, whole);
     if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw), stash_ints(smem + Cfg::kWholeOff, whole ? 1 : 0);
+    prefetch_first_slots<Cfg>(args, pw, threadIdx.x);
   }
   ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 1);
   cta_sync<Cfg>();
