@@ -92,8 +92,8 @@ NARROW_VALUE_COLS = 128
 WORK_BYTES = 256       # the work stash (base.py: CtaWork, the consumers' walk, the whole word), then the
 PRODUCER_WALK_OFFSET = 128  # producer's part walk (12 ints) here
 BARRIER_BYTES = 8      # an mbarrier
-HANDOFFS = 6           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups; Q_FULL, Q_EMPTY (producer_q);
-                       # Q_GO (q_after_tile)
+HANDOFFS = 5           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups; Q_FULL, Q_EMPTY (producer_q)
+Q_GO = 1               # ... and where the plan has q_after_tile, Q_GO
 SCALE_RECORD_BYTES = 16  # a token's scales of its fp8 run (4 fp32), one copy a tile into the stage's records
 
 
@@ -370,13 +370,27 @@ class HopperFamily(Family):
         q_bytes = -(-max(key_boxes * q_box_bytes, exchange) // 1024) * 1024
         records, records_why = self._scale_records(layout)
 
+        # the CTA's start (kernel.cuh: Q_GO): the consumers' cp.async of a 64-row Q tile (4,608
+        # 16-byte copies a CTA, every CTA at once) queued the producer's loads of the first piece's
+        # length and page numbers behind it: H100 clock trace, MLA b=1 s_k 32768, the producer past
+        # setmaxnreg at 3.1 K cycles, the length read at 6.6 K, the page numbers at 8.9 K, tile 0's
+        # copies issued at 13.4 K, its first boxes landed at 15.8 K (Q landed at 7.9 K). Prepared in
+        # session 54, not yet measured on the device (none was lent after that trace): off until a
+        # same-process A/B (bench/ab_build.py --config q_after_tile=true) says where it pays; not
+        # for fp8 plans, whose first tile's conversion follows its copies (Q would wait for it too)
+        q_after_tile = False
+        # the producer's first page numbers are a DRAM round trip after its setmaxnreg; the walk's
+        # warp knows the piece ~1 K cycles before (H100 clock trace: walk done 2.2 K, producer past
+        # setmaxnreg 3.1 K). Prepared with q_after_tile, not yet measured: off
+        first_slots = False
+
         def regions(stages: int) -> dict:
             q_off = 0
             kv_off = q_off + q_bytes
             bar_off = kv_off + stages * kv_tile
             # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs
             # between the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
-            n_bars = stages * boxes + 3 * stages + HANDOFFS
+            n_bars = stages * boxes + 3 * stages + HANDOFFS + (Q_GO if q_after_tile else 0)
             flags_off = -(-(bar_off + n_bars * BARRIER_BYTES) // 16) * 16  # 16-byte loads of the words
             flags_pitch = TILE_N + 16
             rows_off = flags_off + stages * flags_pitch
@@ -459,17 +473,6 @@ class HopperFamily(Family):
         # released); and the `seesaw` knob asks for the seesaw itself
         relay = converts and not crossover and stages == PAIR_STAGES and not sched.seesaw
         producer_q = seesaw and not relay and not crossover  # kernel.cuh: produce_q
-        # the CTA's start (kernel.cuh: Q_GO): the consumers' cp.async of a 64-row Q tile (4,608
-        # 16-byte copies a CTA, every CTA at once) queued the producer's loads of the first piece's
-        # length and page numbers behind it: H100 clock trace, MLA b=1 s_k 32768, the producer past
-        # setmaxnreg at 3.1 K cycles, the length read at 6.6 K, the page numbers at 8.9 K, tile 0's
-        # copies issued at 13.4 K, its first boxes landed at 15.8 K (Q landed at 7.9 K). Not where
-        # the first tile's fp8 conversion follows its copies (the Q would wait for it too)
-        q_after_tile = not layout.fp8
-        # the producer's first page numbers are a DRAM round trip after its setmaxnreg; the walk's
-        # warp knows the piece ~1 K cycles before (H100 clock trace: walk done 2.2 K, producer past
-        # setmaxnreg 3.1 K)
-        first_slots = True
         group_fence = fences_groups(layout.fp8, crossover=crossover, relay=relay, seesaw=seesaw)
         if seesaw:
             tile_m_why = f"one wgmma M ({TILE_M} rows), both consumer warp groups on the same rows"
@@ -589,13 +592,13 @@ class HopperFamily(Family):
              "not chosen: " + ("the stacked groups' split merge reuses the Q region" if not seesaw else
                                "the relay's producer sets the pace" if relay else
                                "a crossover CTA's producer stores into its peer")),
-            ("q_after_tile", "chosen: the consumers copy the CTA's first Q rows once the producer has issued its "
-             "first tile's copies (Q_GO), whose length and page-number loads queued behind Q's 4,608 copies (H100 "
-             "clock trace, MLA b=1: first tile's copies at 13.4 K cycles from the CTA's begin, Q landed at 7.9 K)"
-             if q_after_tile else
-             "not chosen: the first tile's fp8 conversion follows its copies, and Q would wait for it too"),
-            ("first_slots", "chosen: part mode's walk prefetches the first piece's first two tiles' page numbers "
-             "(sparse: indices) into L2 before the roles part, ~1 K cycles before the producer asks for them"),
+            ("q_after_tile", "not chosen yet: the consumers would copy the CTA's first Q rows once the producer "
+             "has issued its first tile's copies (Q_GO); its length and page-number loads queued behind Q's 4,608 "
+             "copies (H100 clock trace, MLA b=1: first tile's copies at 13.4 K cycles from the CTA's begin, Q "
+             "landed at 7.9 K); prepared, not measured (`--config q_after_tile=true`)"),
+            ("first_slots", "not chosen yet: part mode's walk would prefetch the first piece's first two tiles' page "
+             "numbers (sparse: indices) into L2 before the roles part, ~1 K cycles before the producer asks for "
+             "them; prepared, not measured (`--config first_slots=true`)"),
             ("scale_record_bytes", records_why),
             ("key_boxes", "the key is the staged row's boxes " + " ++ ".join(
                 f"{c // BOX_COLS}" + (f"-{(c + w) // BOX_COLS - 1}" if w > BOX_COLS else "") for c, w in layout.key_runs)

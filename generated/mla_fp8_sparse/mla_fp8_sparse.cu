@@ -21,7 +21,7 @@ struct Config {
   static constexpr int kTopK = 2048;
   static constexpr int kDK = 576;
   static constexpr int kDV = 512;
-  static constexpr unsigned long long kScheduleKey = 5955609310385157743ULL;  // the plan's digest (lower.py Plan.schedule_key)
+  static constexpr unsigned long long kScheduleKey = 12087939025297807913ULL;  // the plan's digest (lower.py Plan.schedule_key)
 
   // cache layout
   static constexpr int kPageSize = 64;
@@ -83,8 +83,8 @@ struct Config {
   static constexpr bool kSpreadCopies = false;  // no one-page TMA tile
   static constexpr bool kOverlap = false;  // seesaw: the groups hand the tile to each other
   static constexpr bool kProducerQ = false;  // not chosen: a crossover CTA's producer stores into its peer
-  static constexpr bool kQAfterTile = false;  // not chosen: the first tile's fp8 conversion follows its copies, and Q would wait for it too
-  static constexpr bool kFirstSlots = true;  // chosen: part mode's walk prefetches the first piece's first two tiles' page numbers (sparse: indices) into L2 before the roles part, ~1 K cycles before the producer asks for them
+  static constexpr bool kQAfterTile = false;  // not chosen yet: the consumers would copy the CTA's first Q rows once the producer has issued its first tile's copies (Q_GO); its length and page-number loads queued behind Q's 4,608 copies (H100 clock trace, MLA b=1: first tile's copies at 13.4 K cycles from the CTA's begin, Q landed at 7.9 K); prepared, not measured (`--config q_after_tile=true`)
+  static constexpr bool kFirstSlots = false;  // not chosen yet: part mode's walk would prefetch the first piece's first two tiles' page numbers (sparse: indices) into L2 before the roles part, ~1 K cycles before the producer asks for them; prepared, not measured (`--config first_slots=true`)
   static constexpr int kBoxes = 9;
   static constexpr int kKeyBoxes = 9;  // the key is the staged row's boxes 0-8, read by S = Q K^T in the stage's order against the Q row's columns in the key's
   static constexpr int kValueBox = 0;  // the value is the staged row's boxes 0-7 (O += P V's operand)

@@ -176,6 +176,7 @@ __device__ __forceinline__ TmaTile<Cfg> tma_tile(const AttnccArgs& a, const Slot
 // (every CTA at once) held the producer's loads of the piece's length and page numbers behind
 // them: tile 0's copies went out ~10 K cycles after setmaxnreg (H100 clock trace, MLA b = 1,
 // bench/RESULTS.md session 54). The arrival waits for nothing the consumers do: it cannot deadlock.
+// (Prepared, not yet measured on the device: the lowering leaves it off, hopper.py.)
 template <class Cfg>
 __device__ __forceinline__ void open_q(uint32_t sbase, int p, const Progress<Cfg::kStages>& pr) {
   if (Cfg::kQAfterTile && p == 0 && pr.pieces == 0) mbarrier_arrive(HopperTraits<Cfg>::q_go(sbase));
@@ -305,7 +306,7 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
   }
   for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase), T::q_full(sbase)}) mbarrier_init(bar, kGroupThreads);
   mbarrier_init(T::q_empty(sbase), 2 * kGroupThreads);
-  mbarrier_init(T::q_go(sbase), 1);
+  if constexpr (Cfg::kQAfterTile) mbarrier_init(T::q_go(sbase), 1);
   fence_mbarrier_init();
 }
 
@@ -385,6 +386,7 @@ __device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned cha
 // prefetches into L2 the lines of that piece's first two tiles' page numbers (sparse: indices),
 // clamped to the sequence's slots, ~1 K cycles before the producer (past cta_sync and setmaxnreg)
 // loads them: a DRAM round trip on the way to the CTA's first copies. Lane i the i-th line.
+// (Prepared, not yet measured on the device: the lowering leaves it off, hopper.py.)
 template <class Cfg>
 __device__ __forceinline__ void prefetch_first_slots(const AttnccArgs& a, const PartWalk& pw, int lane) {
   if (!Cfg::kFirstSlots || !walk_has_piece<Cfg>(a, pw)) return;

@@ -198,7 +198,7 @@ struct HopperTraits {
   // crossover (a 2-CTA cluster, produce.cuh): no barrier of its own (EMPTY counts both CTAs' consumers)
   static constexpr bool kCrossover = Cfg::kCrossover;
   static constexpr int kClusterCtas = kCrossover ? 2 : 1;  // a cluster: the pair of row blocks
-  static constexpr int kNumBarriers = kHandoffs + 6;
+  static constexpr int kNumBarriers = kHandoffs + 5 + (Cfg::kQAfterTile ? 1 : 0);  // (Q_GO: hopper.py's layout has it only with the knob)
 
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(Cfg::kTmaRows == 0 ||
