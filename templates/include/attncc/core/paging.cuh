@@ -21,6 +21,19 @@ struct SlotSource {
   int limit;       // positions >= limit have no slot (past the sequence or past the CTA's view)
 };
 
+// SlotSource::row of a CTA's sequence: dense, batch entry b's block-table row; sparse, query token
+// seq's indices (seq = b s_q + t).
+template <class Cfg>
+__device__ __forceinline__ const int* slot_row(const AttnccArgs& a, int seq, int b) {
+  return Cfg::kSparse ? a.indices + static_cast<long long>(seq) * Cfg::kTopK : a.block_table + static_cast<long long>(b) * a.block_table_stride;
+}
+
+// The slot index (page number or index) of cache position `pos` within its row.
+template <class Cfg>
+__device__ __forceinline__ int slot_index(int pos) {
+  return Cfg::kSparse ? pos : pos / Cfg::kPageSize;
+}
+
 // The raw value of a position past `limit`: no slot, and not a bad value either.
 constexpr int kPastEnd = -2147483647 - 1;
 
@@ -28,11 +41,7 @@ constexpr int kPastEnd = -2147483647 - 1;
 template <class Cfg>
 __device__ __forceinline__ int load_slot_raw(const SlotSource& s, int pos) {
   if (pos >= s.limit) return kPastEnd;
-  if constexpr (Cfg::kSparse) {
-    return __ldg(s.row + pos);
-  } else {
-    return __ldg(s.row + pos / Cfg::kPageSize);
-  }
+  return __ldg(s.row + slot_index<Cfg>(pos));
 }
 
 // A slot that is not a token: -1 (past the sequence, or a sparse -1) and kBadSlot (a value

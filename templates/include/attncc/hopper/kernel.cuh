@@ -201,8 +201,7 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
   // so that the compiler cannot fold a comparison it knows the outcome of)
   ATTNCC_TRACE(p == 0 && pr.pieces == 0 && opaque(pt.kv_len) >= 0, kTraceStart, 0, 5);
   SlotSource ss;
-  ss.row = Cfg::kSparse ? a.indices + static_cast<long long>(w.seq) * Cfg::kTopK
-                        : a.block_table + static_cast<long long>(w.b) * a.block_table_stride;
+  ss.row = slot_row<Cfg>(a, w.seq, w.b);
   ss.limit = pt.cta_limit;
   SlotsAhead<Cfg> ahead;
   ahead.start(ss, w.tile_begin, p);
@@ -392,14 +391,12 @@ __device__ __forceinline__ void prefetch_first_slots(const AttnccArgs& a, const 
   if (!Cfg::kFirstSlots || !walk_has_piece<Cfg>(a, pw)) return;
   const Piece pc = walk_piece<Cfg>(a, pw);
   bool bad;
-  const int kv_len = CtaWork<Cfg>::kv_len(a, pc.seq, bad);  // (dense: the sequence is the batch entry)
-  constexpr int kPer = Cfg::kSparse ? 1 : Cfg::kPageSize;  // tokens a slot
+  const int kv_len = CtaWork<Cfg>::kv_len(a, pc.seq, bad);
   const int from = pc.tile_begin * Cfg::kTileN, to = min(min(pc.tile_end, pc.tile_begin + 2) * Cfg::kTileN, kv_len);
   if (to <= from) return;
-  const int* row = Cfg::kSparse ? a.indices + static_cast<long long>(pc.seq) * Cfg::kTopK
-                                : a.block_table + static_cast<long long>(pc.seq) * a.block_table_stride;
-  const char* lo = reinterpret_cast<const char*>(row + from / kPer);
-  const char* hi = reinterpret_cast<const char*>(row + (to - 1) / kPer);
+  const int* row = slot_row<Cfg>(a, pc.seq, pc.seq);  // (dense: the sequence is the batch entry)
+  const char* lo = reinterpret_cast<const char*>(row + slot_index<Cfg>(from));
+  const char* hi = reinterpret_cast<const char*>(row + slot_index<Cfg>(to - 1));
   const long long line = (reinterpret_cast<unsigned long long>(lo) & ~127ull) - reinterpret_cast<unsigned long long>(lo) + 128ll * lane;
   if (lo + line <= hi) prefetch_l2_at(lo, line);
 }

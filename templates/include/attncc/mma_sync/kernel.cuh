@@ -118,8 +118,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
   const int head = w.head;
 
   SlotSource ss;
-  ss.row = Cfg::kSparse ? args.indices + static_cast<long long>(w.seq) * Cfg::kTopK
-                        : args.block_table + static_cast<long long>(w.b) * args.block_table_stride;
+  ss.row = slot_row<Cfg>(args, w.seq, w.b);
   ss.limit = cta_limit;
 
   // ---- prologue: the slots of the first S tiles, Q, the first S-1 tiles, the row state
