@@ -109,6 +109,9 @@ struct CtaWork {
   // Query token and query head (within the group) of CTA row R.
   __device__ __forceinline__ int row_token(int R) const { return Cfg::kSparse ? t_fixed : R / Cfg::kGroup; }
   __device__ __forceinline__ int row_head(int R) const { return Cfg::kSparse ? R : R % Cfg::kGroup; }
+  // ... its query head of all h_q, and its row of q's and out's [b, s_q, h_q, ...] (out_row).
+  __device__ __forceinline__ int row_query_head(int R) const { return head * Cfg::kGroup + row_head(R); }
+  __device__ __forceinline__ long long query_row(int s_q, int R) const { return out_row(s_q, row_token(R), row_query_head(R)); }
   // Query token t sees cache positions < token_limit (bottom-right aligned causal mask).
   __device__ __forceinline__ static int token_limit(int t, int kv_len, int s_q) {
     if constexpr (Cfg::kCausal) {

@@ -62,8 +62,7 @@ __device__ __forceinline__ constexpr int group_index(std::integral_constant<int,
 // CTA row R's query row in q ([b, s_q, h_q, d_k], 16-bit), as a byte offset.
 template <class Cfg>
 __device__ __forceinline__ long long q_row_bytes(const AttnccArgs& a, const CtaWork<Cfg>& w, int R) {
-  const long long row = (static_cast<long long>(w.b) * a.s_q + w.row_token(R)) * Cfg::kHeadsQ + w.head * Cfg::kGroup + w.row_head(R);
-  return row * Cfg::kDK * 2;
+  return w.query_row(a.s_q, R) * Cfg::kDK * 2;
 }
 
 // The piece's Q rows -> the boxes of the Q tile (zero past the CTA's rows), 16-byte chunk i of

@@ -264,7 +264,7 @@ __device__ __forceinline__ void write_row(const AttnccArgs& a, const CtaWork<Cfg
                                           float lse, int col0, bool with_lse) {
   static_assert(kFrom % 8 == 0 && kTo % 8 == 0 && 0 <= kFrom && kFrom < kTo && kTo <= kAcc, "whole pairs of 8-column groups");
   const int tq = w.row_token(R);
-  const int hq = w.head * Cfg::kGroup + w.row_head(R);
+  const int hq = w.row_query_head(R);
   if (w.slot < 0) {
     using E = Elem16<Cfg::kElem>;
     const bool odd = threadIdx.x & 1;                   // q odd: the pair's second thread

@@ -142,8 +142,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
       [&](int r) -> const char* {
         const int R = w.mb * M + r;
         if (R >= w.rows_total) return nullptr;
-        const long long row = (static_cast<long long>(w.b) * s_q + w.row_token(R)) * Cfg::kHeadsQ + head * Cfg::kGroup + w.row_head(R);
-        return q_any + row * Cfg::kDK * 2;
+        return q_any + w.query_row(s_q, R) * Cfg::kDK * 2;
       },
       q_any, fresh_tid());  // a fresh read: its offsets are not hoisted out of a part walk
 #pragma unroll
@@ -325,7 +324,7 @@ __device__ __forceinline__ void decode_tiles(const AttnccArgs& args, const CtaWo
       const int R = we.mb * M + wm * WR + mt * 16 + (lane >> 2) + 8 * h;
       if (R >= we.rows_total) continue;
       const int t = we.row_token(R);
-      const int hq = we.head * Cfg::kGroup + we.row_head(R);
+      const int hq = we.row_query_head(R);
       const float inv = l[mt][h] > 0.f ? 1.f / l[mt][h] : 0.f;
       const float lse = row_lse(sm.m[mt][h], l[mt][h]);
       const long long qrow = we.out_row(s_q, t, hq);
