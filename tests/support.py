@@ -174,6 +174,11 @@ CHOICES = [
     # page numbers prefetched by the walk's warp; both together on MLA
     ("mla", "q_after_tile=true"), ("mla_page1_h128", "q_after_tile=true"), ("gla2", "q_after_tile=true"),
     ("mla", "q_after_tile=true:first_slots=true"), ("gla2", "first_slots=true"),
+    # q_tma, prepared (session 55) and not yet measured: the Q tile by TMA on every consumer form
+    # (seesaw by TMA and by cp.async with its value-first form, both with producer_q's later pieces;
+    # stacked of 64 heads x 2 tokens and of 128 heads; the sparse relay; crossover's clusters)
+    *[(name, "q_tma=true") for name in ("mla", "mla_page1_h128", "gla2", "mqa256_h128", "sparse_fp8_h128",
+                                        "mla_fp8_crossover")],
 ]
 
 

@@ -1316,3 +1316,30 @@ def test_producer_q_on_the_plain_seesaw_only():
     stacked = compile_quiet((REPO / "examples" / "gla2.attn").read_text())
     assert not stacked.plan.config.seesaw and not stacked.plan.config.producer_q
     assert re.search(r"^\s+producer_q\s+False\s+not chosen: the stacked groups' split merge", stacked.explain(), re.M)
+
+
+def test_q_tma_prepared_off():
+    """q_tma (session 55): prepared, not yet measured, so the lowering leaves it off and explain says
+    so, with the box it would copy; the box is the CTA's rows of q seen as (column, head of the group,
+    kv head, query token, batch): tile_m heads of one token where the group is a multiple of tile_m
+    (MLA's 64 of 128; sparse: one token's heads), whole groups of tokens where tile_m is a multiple of
+    the group (GLA-2's 128 rows: 64 heads x 2 tokens), none otherwise (a group of 96). Forced on
+    (with_config), the kernel gets the knob and the box."""
+    cases = [(mla(heads=128), 64, 1), (mla(heads=64, page=1), 64, 1), ((REPO / "examples" / "gla2.attn").read_text(), 64, 2),
+             (EXTRA["sparse_fp8_h128"], 64, 1), (EXTRA["mqa256_h128"], 128, 1), (EXTRA["gla_g96"], 0, 0)]
+    for spec, heads, tokens in cases:
+        k = compile_quiet(spec)
+        c = k.plan.config
+        assert not c.q_tma and (c.q_tma_heads, c.q_tma_tokens) == (heads, tokens)
+        if heads:
+            assert heads * tokens == c.tile_m
+            assert re.search(rf"^\s+q_tma\s+False\s+not chosen yet: the Q tile would go by TMA, a copy a 64-column box of "
+                             rf"{heads} heads x {tokens} query token", k.explain(), re.M)
+        else:
+            assert re.search(r"^\s+q_tma\s+False\s+not applicable: a CTA's 128 rows are not one box of q \(a group of 96",
+                             k.explain(), re.M)
+        assert "static constexpr bool kQTma = false;" in render(k.plan)
+    forced = with_config(compile_quiet(mla(heads=128)).plan, ["q_tma=true"])
+    text = render(forced)
+    assert "static constexpr bool kQTma = true;" in text and "static constexpr int kQTmaHeads = 64;" in text
+    assert "static constexpr int kQTmaTokens = 1;" in text

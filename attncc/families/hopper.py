@@ -147,6 +147,9 @@ class HopperConfig(KernelConfig):
                               # tile's copies (Q_GO), so that its page-number loads do not queue behind Q's
     first_slots: bool         # part mode: the walk's warp prefetches the first piece's first two tiles' page numbers
                               # (sparse: indices) into L2 as soon as it knows the piece, before the roles part
+    q_tma: bool               # the Q tile by TMA (one thread, a copy a 64-column box, counted on Q_FULL), not cp.async
+    q_tma_heads: int          # ... a box of the CTA's rows: this many heads of the group (0: its rows are not one
+    q_tma_tokens: int         # ... box of q) by this many query tokens
     boxes: int                # 64-column boxes of a staged token row
     key_boxes: int            # ... the key's, of its runs in order (= the boxes of a Q row; the seesaw: all)
     value_box: int            # ... the value's first (the seesaw: 0), and
@@ -325,6 +328,20 @@ class HopperFamily(Family):
                         "by cp.async")
 
     @staticmethod
+    def _q_box(spec: Spec, tile_m: int) -> tuple[int, int]:
+        """q_tma's box of a CTA's Q rows, (heads of the group, query tokens), or (0, 0) where the
+        rows are not one box of q [b, s_q, h_q, d_k] seen as (column, head of the group, kv head,
+        query token, batch): a CTA's tile_m rows are (query token, head of the group) in that order
+        (sparse: heads of one query token), so a box is tile_m heads of one token where the group
+        is a multiple of tile_m, or whole groups of tile_m / group tokens where tile_m is a multiple
+        of the group (rows past s_q fall outside the tensor: TMA zero-fills them)."""
+        if spec.group % tile_m == 0:
+            return tile_m, 1
+        if tile_m % spec.group == 0 and not spec.sparse:
+            return spec.group, tile_m // spec.group
+        return 0, 0
+
+    @staticmethod
     def _scale_records(layout: Layout) -> tuple[int, str]:
         """Bytes of a token's scale record (0: none), and why. The producer copies a tile's fp8
         scales by cp.async: 4 bytes a token and box pair (into the pair's first box, which the
@@ -383,6 +400,12 @@ class HopperFamily(Family):
         # warp knows the piece ~1 K cycles before (H100 clock trace: walk done 2.2 K, producer past
         # setmaxnreg 3.1 K). Prepared with q_after_tile, not yet measured: off
         first_slots = False
+        # the Q tile by TMA (FlashMLA's way): 9 copies by one thread for MLA's 64-row tile in place of
+        # 4,608 cp.async, so that neither the producer's first loads (above) nor, at a part's
+        # transition, its next copies queue behind Q's. Prepared in session 55, not yet measured
+        # (no device was lent): off until a same-process A/B (--config q_tma=true) says where it pays
+        q_tma_heads, q_tma_tokens = self._q_box(spec, tile_m)
+        q_tma = False
 
         def regions(stages: int) -> dict:
             q_off = 0
@@ -599,6 +622,16 @@ class HopperFamily(Family):
             ("first_slots", "not chosen yet: part mode's walk would prefetch the first piece's first two tiles' page "
              "numbers (sparse: indices) into L2 before the roles part, ~1 K cycles before the producer asks for "
              "them; prepared, not measured (`--config first_slots=true`)"),
+            ("q_tma", "not chosen yet: the Q tile would go by TMA, a copy a 64-column box of "
+             f"{q_tma_heads} heads x {q_tma_tokens} query token{'s' if q_tma_tokens > 1 else ''} issued by one thread "
+             f"({key_boxes} copies in place of {tile_m * key_boxes * 8:,} cp.async of 16 bytes), so that the producer's "
+             "first loads and a transition's copies do not queue behind Q's; prepared, not measured "
+             "(`--config q_tma=true`)" if q_tma_heads else
+             f"not applicable: a CTA's {tile_m} rows are not one box of q (a group of {spec.group} query heads"
+             + (", sparse: one query token's heads" if spec.sparse else "") + ")"),
+            ("q_tma_heads", f"q_tma's box: {q_tma_heads} heads of the group by {q_tma_tokens} query "
+             f"token{'s' if q_tma_tokens > 1 else ''} (q_tma_tokens)" if q_tma_heads
+             else "no box: q_tma not applicable"),
             ("scale_record_bytes", records_why),
             ("key_boxes", "the key is the staged row's boxes " + " ++ ".join(
                 f"{c // BOX_COLS}" + (f"-{(c + w) // BOX_COLS - 1}" if w > BOX_COLS else "") for c, w in layout.key_runs)
@@ -643,6 +676,7 @@ class HopperFamily(Family):
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
             spread_copies=one_page_tma and not seesaw, overlap=overlap, producer_q=producer_q, q_after_tile=q_after_tile, first_slots=first_slots,
+            q_tma=q_tma, q_tma_heads=q_tma_heads, q_tma_tokens=q_tma_tokens,
             boxes=boxes, key_boxes=key_boxes, value_box=value_box, value_boxes=spec.d_v // BOX_COLS,
             out_boxes=out_cols // BOX_COLS, early_boxes=out_cols // BOX_COLS if seesaw else boxes,
             p_box=spec.d_v // BOX_COLS if seesaw else -1, box_bytes=box_bytes, q_box_bytes=q_box_bytes, q_bytes=q_bytes,

@@ -79,6 +79,29 @@ __device__ __forceinline__ void copy_q(const AttnccArgs& a, const CtaWork<Cfg>& 
   }
 }
 
+// q_tma (the plan's kQTma): the piece's Q tile by TMA, a copy a 64-column box of the CTA's rows
+// (tma.cuh: q's map, a box of kQTmaHeads heads of the group x kQTmaTokens query tokens, rows past
+// s_q or the group zero-filled), issued by one thread and counted on Q_FULL (one arrival with
+// the tile's bytes), instead of 4,608 cp.async of 16 bytes a 64-row MLA tile: at the CTA's start
+// those queued the producer's loads of the piece's length and page numbers behind them (H100
+// clock trace, bench/RESULTS.md session 54), and at a part's transition the producer's next
+// copies behind its own Q copies. Q_FULL then completes once a piece, whoever issues it (the
+// consumers' first thread, or with producer_q the producer's for pieces n >= 1).
+// (Prepared, not yet measured on the device: the lowering leaves it off, hopper.py.)
+template <class Cfg>
+__device__ __forceinline__ void tma_q(const MapsOf<Cfg>& maps, const CtaWork<Cfg>& w, uint32_t sbase) {
+  if constexpr (Cfg::kQTma) {
+    using T = HopperTraits<Cfg>;
+    const int row0 = w.mb * Cfg::kTileM;  // the CTA's first row: (query token, head of the group)
+    const uint32_t full = T::q_full(sbase);
+    mbarrier_arrive_expect_tx(full, Cfg::kKeyBoxes * Cfg::kQBoxBytes);
+#pragma unroll 1
+    for (int box = 0; box < Cfg::kKeyBoxes; ++box)
+      tma_load_5d(sbase + Cfg::kQOff + box * Cfg::kQBoxBytes, &maps.q, box * kBoxCols, w.row_head(row0), w.head, w.row_token(row0), w.b,
+                  full);
+  }
+}
+
 // producer_q (the plan's kProducerQ): a CTA's later pieces' Q rows by the producer. The consumers
 // copy their first piece's Q themselves (at the CTA's start the producer's own start, its
 // setmaxnreg and first slots, would stand before it: b = 1 1.065 of the time when the producer
@@ -93,11 +116,16 @@ __device__ __forceinline__ void copy_q(const AttnccArgs& a, const CtaWork<Cfg>& 
 // pair ahead); either order waits only for what the piece before releases, so it cannot deadlock.
 // Phases: Q_FULL completes once a piece n >= 1 (completion n - 1), Q_EMPTY once a piece.
 template <class Cfg>
-__device__ __forceinline__ void produce_q(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, int p, int piece) {
+__device__ __forceinline__ void produce_q(const AttnccArgs& a, const MapsOf<Cfg>& maps, const CtaWork<Cfg>& w, uint32_t sbase, int p,
+                                          int piece) {
   using T = HopperTraits<Cfg>;
   mbarrier_wait(T::q_empty(sbase), (piece - 1) & 1);  // the consumers past piece - 1's last S
-  copy_q<Cfg>(a, w, sbase, p, kGroupThreads);
-  cp_async_arrive(T::q_full(sbase));
+  if constexpr (Cfg::kQTma) {
+    if (p == 0) tma_q<Cfg>(maps, w, sbase);
+  } else {
+    copy_q<Cfg>(a, w, sbase, p, kGroupThreads);
+    cp_async_arrive(T::q_full(sbase));
+  }
 }
 
 // The KV tiles a CTA reads of its range: the causal cut by its last row.
@@ -146,7 +174,7 @@ struct SlotsAhead {
 // read ahead: tma_tile below), else by cp.async (its slots from `ahead`); trace_slot: its place
 // in the CTA's stream.
 template <class Cfg>
-__device__ __forceinline__ void produce_tile(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const SlotSource& ss, int tile,
+__device__ __forceinline__ void produce_tile(const AttnccArgs& a, const MapsOf<Cfg>& maps, const SlotSource& ss, int tile,
                                              const TmaTile<Cfg>& tm, int head, uint32_t sbase, unsigned char* smem, int stage, int p,
                                              int parity, int trace_slot, SlotsAhead<Cfg>& ahead) {
   if constexpr (Cfg::kTmaRows > 0) {
@@ -187,13 +215,13 @@ __device__ __forceinline__ void open_q(uint32_t sbase, int p, const Progress<Cfg
 // k % kStages, up to kStages tiles ahead. The page numbers of TMA tiles are read a step ahead (a
 // pair, or a tile), so that their load is in flight while the producer waits for the stage.
 template <class Cfg>
-__device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::kNumTensors>& maps, const CtaWork<Cfg>& w, uint32_t sbase,
+__device__ __forceinline__ void produce(const AttnccArgs& a, const MapsOf<Cfg>& maps, const CtaWork<Cfg>& w, uint32_t sbase,
                                         unsigned char* smem, int p, Progress<Cfg::kStages>& pr) {
   using T = HopperTraits<Cfg>;
   static_assert(!Cfg::kProducerQ || T::kSeesaw, "producer_q: the seesaw's producer");
   // producer_q: a later piece's Q before its first pair (one set of stages) or after it (two)
   const bool q_later = Cfg::kProducerQ && pr.pieces > 0, q_before = q_later && T::kSets == 1, q_after = q_later && !q_before;
-  if (q_before) produce_q<Cfg>(a, w, sbase, p, pr.pieces);
+  if (q_before) produce_q<Cfg>(a, maps, w, sbase, p, pr.pieces);
   bool bad;
   const PieceTiles<Cfg> pt(a, w, bad);
   // trace (the CTA's first piece): the piece's length read (the condition waits for it: opaque,
@@ -217,12 +245,12 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
       if (it == 0) open_q<Cfg>(sbase, p, pr);
       if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
-      if (q_after && it == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // two sets: after the first pair
+      if (q_after && it == 0) produce_q<Cfg>(a, maps, w, sbase, p, pr.pieces);  // two sets: after the first pair
       pr.used(sa);
       if (has_b) pr.used(sb);
       ta = na, tb = nb;
     }
-    if (q_after && pt.n_iter == 0) produce_q<Cfg>(a, w, sbase, p, pr.pieces);  // a piece of no tile
+    if (q_after && pt.n_iter == 0) produce_q<Cfg>(a, maps, w, sbase, p, pr.pieces);  // a piece of no tile
   } else {
     TmaTile<Cfg> next = tma_tile<Cfg>(a, ss, w.tile_begin, pt.n_iter > 0);
     for (int it = 0; it < pt.n_iter; ++it, pr.next_tile()) {
@@ -242,15 +270,25 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const TmaMaps<Cfg::
 // The consumers' part of a piece: Q, then the seesaw (seesaw.cuh), the relay (relay.cuh) or the
 // stacked schedule (stacked.cuh); wg: the warp group (a constant in the relay's copies).
 template <class Cfg, class Wg>
-__device__ __forceinline__ void consume_piece(const AttnccArgs& a, const CtaWork<Cfg>& w, uint32_t sbase, unsigned char* smem, int ct,
-                                              Progress<Cfg::kStages>& pr, Wg wg) {
+__device__ __forceinline__ void consume_piece(const AttnccArgs& a, const MapsOf<Cfg>& maps, const CtaWork<Cfg>& w, uint32_t sbase,
+                                              unsigned char* smem, int ct, Progress<Cfg::kStages>& pr, Wg wg) {
   bool bad_len;
   const PieceTiles<Cfg> pt(a, w, bad_len);
   if (bad_len && ct == 0 && a.flags) atomicOr(a.flags, ATTNCC_FLAG_SEQLEN);
   const int first_pair = pr.pairs;  // the piece's trace slot (role 3)
   ATTNCC_TRACE(ct == 0, 3, first_pair, 0);
   if (ct == 0) stash(smem + Cfg::kWorkOff, w);
-  if (Cfg::kProducerQ && pr.pieces > 0) {
+  if constexpr (Cfg::kQTma) {
+    static_assert(!Cfg::kQAfterTile, "q_tma: the consumers' first Q copies queue nothing behind them");
+    if (!Cfg::kProducerQ || pr.pieces == 0) {  // else the producer's (produce_q)
+      if (pr.pieces > 0) {  // every consumer past the piece before's reads of the Q region, before the copies overwrite it
+        fence_async_shared();
+        bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);
+      }
+      if (ct == 0) tma_q<Cfg>(maps, w, sbase);
+    }
+    mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), pr.pieces & 1);  // Q_FULL: once a piece
+  } else if (Cfg::kProducerQ && pr.pieces > 0) {
     mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), (pr.pieces - 1) & 1);  // the producer's copies (produce_q)
   } else {
     if (Cfg::kQAfterTile && pr.pieces == 0) mbarrier_wait(HopperTraits<Cfg>::q_go(sbase), 0);  // open_q
@@ -302,7 +340,8 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
     mbarrier_init(T::empty_late(sbase, s), kCtas * 2 * kGroupThreads);
     mbarrier_init(T::flags_bar(sbase, s), kGroupThreads);
   }
-  for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase), T::q_full(sbase)}) mbarrier_init(bar, kGroupThreads);
+  for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase)}) mbarrier_init(bar, kGroupThreads);
+  mbarrier_init(T::q_full(sbase), Cfg::kQTma ? 1 : kGroupThreads);  // q_tma: one arrival with the tile's bytes
   mbarrier_init(T::q_empty(sbase), 2 * kGroupThreads);
   if constexpr (Cfg::kQAfterTile) mbarrier_init(T::q_go(sbase), 1);
   fence_mbarrier_init();
@@ -328,7 +367,7 @@ __device__ __forceinline__ void before_exit() {
 // Split mode: one piece, the CTA's split.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_constant__ AttnccArgs args,
-                                                                  const __grid_constant__ TmaMaps<Cfg::kNumTensors> maps) {
+                                                                  const __grid_constant__ MapsOf<Cfg> maps) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sbase = smem_addr(smem);
   ATTNCC_TRACE_SPAN(0);
@@ -347,7 +386,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const __grid_c
     as_consumers<Cfg>([&](auto wg) {
       ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 4);
       Progress<Cfg::kStages> pr;
-      consume_piece<Cfg>(args, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, pr, wg);
+      consume_piece<Cfg>(args, maps, CtaWork<Cfg>::of_split(args, blockIdx.x), sbase, smem, threadIdx.x, pr, wg);
     });
   }
   before_exit<Cfg>();
@@ -402,7 +441,7 @@ __device__ __forceinline__ void prefetch_first_slots(const AttnccArgs& a, const 
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __grid_constant__ AttnccArgs args,
-                                                                        const __grid_constant__ TmaMaps<Cfg::kNumTensors> maps) {
+                                                                        const __grid_constant__ MapsOf<Cfg> maps) {
   using W = CtaWork<Cfg>;
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -439,7 +478,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     walk_pieces<Cfg>(
         args, smem + Cfg::kWalkCOff, Cfg::kConsumerBarrier, 2 * kGroupThreads, threadIdx.x,
         [&](const CtaWork<Cfg>& w) {
-          consume_piece<Cfg>(args, w, sbase, smem, threadIdx.x, pr, wg);
+          consume_piece<Cfg>(args, maps, w, sbase, smem, threadIdx.x, pr, wg);
           fence_partials<Cfg>(args);
         },
         [&](int slot) { mark_ready<Cfg>(args, slot); });

@@ -37,7 +37,7 @@ struct Family {
 
   template <class Cfg, class Kernel>
   static cudaError_t start(Kernel kernel, unsigned ctas, const AttnccArgs& a, cudaStream_t stream) {
-    TmaMaps<Cfg::kNumTensors> maps;  // the cache tensors for TMA (where the plan copies so)
+    MapsOf<Cfg> maps;  // the cache tensors for TMA (where the plan copies so), and q with q_tma
     cudaError_t err = encode_tma_maps<Cfg>(maps, a);
     if (err != cudaSuccess) return err;
     constexpr int kClusterCtas = HopperTraits<Cfg>::kClusterCtas;

@@ -590,7 +590,7 @@ struct TmaTile {
   // arrivals; 128 arrivals on one mbarrier a box cost ~100 cycles each box on the producer's
   // critical path).
   template <int kFrom, int kTo>
-  __device__ __forceinline__ void copy_boxes(const TmaMaps<Cfg::kNumTensors>& maps, uint32_t sbase, int stage, int head, int p) const {
+  __device__ __forceinline__ void copy_boxes(const MapsOf<Cfg>& maps, uint32_t sbase, int stage, int head, int p) const {
     using T = HopperTraits<Cfg>;
     constexpr bool kSpread = kPages == 1 && Cfg::kSpreadCopies;  // box b by warp b % 4
     constexpr int kShare = kGroupThreads / kPages;  // the producer threads an issuer arrives for
