@@ -114,7 +114,8 @@ __device__ __forceinline__ void tma_q(const MapsOf<Cfg>& maps, const CtaWork<Cfg
 // has one set of stages (those copies wait for the stages of the piece before's last pair, which
 // are released after its last S), after that pair's copies with two sets (the producer may be a
 // pair ahead); either order waits only for what the piece before releases, so it cannot deadlock.
-// Phases: Q_FULL completes once a piece n >= 1 (completion n - 1), Q_EMPTY once a piece.
+// Phases: Q_FULL completes once a piece n >= 1 (completion n - 1; q_tma: once every piece, n),
+// Q_EMPTY once a piece.
 template <class Cfg>
 __device__ __forceinline__ void produce_q(const AttnccArgs& a, const MapsOf<Cfg>& maps, const CtaWork<Cfg>& w, uint32_t sbase, int p,
                                           int piece) {
