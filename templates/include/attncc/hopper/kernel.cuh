@@ -268,6 +268,34 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const MapsOf<Cfg>& 
   ++pr.pieces;
 }
 
+// The consumers' Q tile of piece `piece` (the CTA's count), landed in shared memory for this
+// thread (the caller fences and meets the other consumers): by TMA (q_tma: the consumers' first
+// thread issues it, or the producer for a later piece with producer_q), from the producer's
+// copies (producer_q, a later piece), or copied here by cp.async (q_after_tile: the first piece's
+// once the producer has issued its first tile's copies).
+template <class Cfg>
+__device__ __forceinline__ void take_q(const AttnccArgs& a, const MapsOf<Cfg>& maps, const CtaWork<Cfg>& w, uint32_t sbase, int ct,
+                                       int piece) {
+  if constexpr (Cfg::kQTma) {
+    static_assert(!Cfg::kQAfterTile, "q_tma: the consumers' first Q copies queue nothing behind them");
+    if (!Cfg::kProducerQ || piece == 0) {  // else the producer's (produce_q)
+      if (piece > 0) {  // every consumer past the piece before's reads of the Q region, before the copies overwrite it
+        fence_async_shared();
+        bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);
+      }
+      if (ct == 0) tma_q<Cfg>(maps, w, sbase);
+    }
+    mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), piece & 1);  // Q_FULL: once a piece
+  } else if (Cfg::kProducerQ && piece > 0) {
+    mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), (piece - 1) & 1);  // the producer's copies (produce_q)
+  } else {
+    if (Cfg::kQAfterTile && piece == 0) mbarrier_wait(HopperTraits<Cfg>::q_go(sbase), 0);  // open_q
+    copy_q<Cfg>(a, w, sbase, ct, 2 * kGroupThreads);
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+}
+
 // The consumers' part of a piece: Q, then the seesaw (seesaw.cuh), the relay (relay.cuh) or the
 // stacked schedule (stacked.cuh); wg: the warp group (a constant in the relay's copies).
 template <class Cfg, class Wg>
@@ -279,24 +307,7 @@ __device__ __forceinline__ void consume_piece(const AttnccArgs& a, const MapsOf<
   const int first_pair = pr.pairs;  // the piece's trace slot (role 3)
   ATTNCC_TRACE(ct == 0, 3, first_pair, 0);
   if (ct == 0) stash(smem + Cfg::kWorkOff, w);
-  if constexpr (Cfg::kQTma) {
-    static_assert(!Cfg::kQAfterTile, "q_tma: the consumers' first Q copies queue nothing behind them");
-    if (!Cfg::kProducerQ || pr.pieces == 0) {  // else the producer's (produce_q)
-      if (pr.pieces > 0) {  // every consumer past the piece before's reads of the Q region, before the copies overwrite it
-        fence_async_shared();
-        bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);
-      }
-      if (ct == 0) tma_q<Cfg>(maps, w, sbase);
-    }
-    mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), pr.pieces & 1);  // Q_FULL: once a piece
-  } else if (Cfg::kProducerQ && pr.pieces > 0) {
-    mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), (pr.pieces - 1) & 1);  // the producer's copies (produce_q)
-  } else {
-    if (Cfg::kQAfterTile && pr.pieces == 0) mbarrier_wait(HopperTraits<Cfg>::q_go(sbase), 0);  // open_q
-    copy_q<Cfg>(a, w, sbase, ct, 2 * kGroupThreads);
-    cp_async_commit();
-    cp_async_wait<0>();
-  }
+  take_q<Cfg>(a, maps, w, sbase, ct, pr.pieces);
   fence_async_shared();
   bar_sync(Cfg::kConsumerBarrier, 2 * kGroupThreads);  // Q and the work stash visible
   ATTNCC_TRACE(ct == 0, 3, first_pair, 1);
