@@ -64,6 +64,7 @@ inline cudaError_t tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000& encode_
 template <class Cfg>
 cudaError_t encode_q_map(CUtensorMap& map, PFN_cuTensorMapEncodeTiled_v12000 encode_tiled, const AttnccArgs& a) {
   static_assert(Cfg::kQTmaHeads * Cfg::kQTmaTokens == Cfg::kTileM, "q_tma: a box is the CTA's rows");
+  static_assert(!Cfg::kSparse || Cfg::kQTmaTokens == 1, "q_tma: a sparse CTA's rows are one query token's heads");
   constexpr cuuint64_t kRow = static_cast<cuuint64_t>(Cfg::kDK) * 2;  // bytes of a q row
   const cuuint64_t s_q = static_cast<cuuint64_t>(a.s_q > 0 ? a.s_q : 1), batch = static_cast<cuuint64_t>(a.batch > 0 ? a.batch : 1);
   const cuuint64_t dims[5] = {static_cast<cuuint64_t>(Cfg::kDK), static_cast<cuuint64_t>(Cfg::kGroup),
