@@ -90,16 +90,13 @@ __device__ __forceinline__ void copy_q(const AttnccArgs& a, const CtaWork<Cfg>& 
 // (Prepared, not yet measured on the device: the lowering leaves it off, hopper.py.)
 template <class Cfg>
 __device__ __forceinline__ void tma_q(const MapsOf<Cfg>& maps, const CtaWork<Cfg>& w, uint32_t sbase) {
-  if constexpr (Cfg::kQTma) {
-    using T = HopperTraits<Cfg>;
-    const int row0 = w.mb * Cfg::kTileM;  // the CTA's first row: (query token, head of the group)
-    const uint32_t full = T::q_full(sbase);
-    mbarrier_arrive_expect_tx(full, Cfg::kKeyBoxes * Cfg::kQBoxBytes);
+  static_assert(Cfg::kQTma, "q_tma: the plan's maps hold q's");
+  const int row0 = w.mb * Cfg::kTileM;  // the CTA's first row: (query token, head of the group)
+  const uint32_t full = HopperTraits<Cfg>::q_full(sbase);
+  mbarrier_arrive_expect_tx(full, Cfg::kKeyBoxes * Cfg::kQBoxBytes);
 #pragma unroll 1
-    for (int box = 0; box < Cfg::kKeyBoxes; ++box)
-      tma_load_5d(sbase + Cfg::kQOff + box * Cfg::kQBoxBytes, &maps.q, box * kBoxCols, w.row_head(row0), w.head, w.row_token(row0), w.b,
-                  full);
-  }
+  for (int box = 0; box < Cfg::kKeyBoxes; ++box)
+    tma_load_5d(sbase + Cfg::kQOff + box * Cfg::kQBoxBytes, &maps.q, box * kBoxCols, w.row_head(row0), w.head, w.row_token(row0), w.b, full);
 }
 
 // producer_q (the plan's kProducerQ): a CTA's later pieces' Q rows by the producer. The consumers
