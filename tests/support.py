@@ -169,11 +169,6 @@ CHOICES = [
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],
     # producer_q=false where taken: the consumers load each piece's Q themselves (TMA and cp.async seesaw)
     ("mla", "producer_q=false"), ("mla_page1_h128", "producer_q=false"),
-    # q_after_tile and first_slots, prepared (session 54) and not yet measured: the consumers' first Q
-    # after the producer's first tile's copies (seesaw TMA and cp.async, stacked), the first piece's
-    # page numbers prefetched by the walk's warp; both together on MLA
-    ("mla", "q_after_tile=true"), ("mla_page1_h128", "q_after_tile=true"), ("gla2", "q_after_tile=true"),
-    ("mla", "q_after_tile=true:first_slots=true"), ("gla2", "first_slots=true"),
     # q_tma, prepared (session 55) and not yet measured: the Q tile by TMA on every consumer form
     # (seesaw by TMA and by cp.async with its value-first form, both with producer_q's later pieces;
     # stacked of 64 heads x 2 tokens and of 128 heads; the sparse relay; crossover's clusters)

@@ -1279,26 +1279,6 @@ def test_random_specs_lower_to_legal_plans_or_positioned_errors(text):
     assert staged_columns(plan, plan.layout.value_runs) == spec_columns(k.spec.value)
 
 
-def test_q_after_tile_and_first_slots_prepared_off():
-    """q_after_tile and first_slots (session 54): prepared, not yet measured, so the lowering leaves
-    both off and explain says so; forced on (with_config: an A/B's build), the kernel gets the knobs,
-    and q_after_tile's layout (Q_GO) is the lowering's own only where the plan takes it: the forced
-    MLA plan's barriers still fit before its flags (traits.cuh's static_assert, built by test_build)."""
-    for spec in (mla(heads=128), mla(heads=128, page=1), (REPO / "examples" / "gla2.attn").read_text(),
-                 EXTRA["sparse_fp8_h128"]):
-        k = compile_quiet(spec)
-        assert not k.plan.config.q_after_tile and not k.plan.config.first_slots
-        assert re.search(r"^\s+q_after_tile\s+False\s+not chosen yet: the consumers would copy", k.explain(), re.M)
-        assert re.search(r"^\s+first_slots\s+False\s+not chosen yet: part mode's walk would prefetch", k.explain(), re.M)
-        text = render(k.plan)
-        assert "static constexpr bool kQAfterTile = false;" in text and "static constexpr bool kFirstSlots = false;" in text
-    forced = with_config(compile_quiet(mla(heads=128)).plan, ["q_after_tile=true", "first_slots=true"])
-    text = render(forced)
-    assert "static constexpr bool kQAfterTile = true;" in text and "static constexpr bool kFirstSlots = true;" in text
-    c = forced.config
-    assert c.flags_off >= c.bar_off + 8 * (c.stages * c.boxes + 3 * c.stages + 6)  # Q_GO fits beside the handoffs
-
-
 def test_producer_q_on_the_plain_seesaw_only():
     """producer_q: the seesaw's producer copies a part's later pieces' Q (bf16 TMA and cp.async plans); not
     the relay (its producer sets the pace), crossover (its producer stores into the peer) or the

@@ -93,7 +93,6 @@ WORK_BYTES = 256       # the work stash (base.py: CtaWork, the consumers' walk, 
 PRODUCER_WALK_OFFSET = 128  # producer's part walk (12 ints) here
 BARRIER_BYTES = 8      # an mbarrier
 HANDOFFS = 5           # MAX_A, P_B, P_A: the seesaw's exchanges between its warp groups; Q_FULL, Q_EMPTY (producer_q)
-Q_GO = 1               # ... and where the plan has q_after_tile, Q_GO
 SCALE_RECORD_BYTES = 16  # a token's scales of its fp8 run (4 fp32), one copy a tile into the stage's records
 
 
@@ -143,10 +142,6 @@ class HopperConfig(KernelConfig):
     overlap: bool             # stacked, rows mode: a group issues tile i + 1's S = Q K^T before tile i's softmax
     producer_q: bool          # seesaw: the producer copies a part's later pieces' Q rows (Q_FULL) once the consumers
                               # are past the piece before's last S (Q_EMPTY), under its last products and epilogue
-    q_after_tile: bool        # the consumers copy the CTA's first Q rows once the producer has issued its first
-                              # tile's copies (Q_GO), so that its page-number loads do not queue behind Q's
-    first_slots: bool         # part mode: the walk's warp prefetches the first piece's first two tiles' page numbers
-                              # (sparse: indices) into L2 as soon as it knows the piece, before the roles part
     q_tma: bool               # the Q tile by TMA (one thread, a copy a 64-column box, counted on Q_FULL), not cp.async
     q_tma_heads: int          # ... a box of the CTA's rows: this many heads of the group (0: its rows are not one
     q_tma_tokens: int         # ... box of q) by this many query tokens
@@ -387,19 +382,14 @@ class HopperFamily(Family):
         q_bytes = -(-max(key_boxes * q_box_bytes, exchange) // 1024) * 1024
         records, records_why = self._scale_records(layout)
 
-        # the CTA's start (kernel.cuh: Q_GO): the consumers' cp.async of a 64-row Q tile (4,608
-        # 16-byte copies a CTA, every CTA at once) queued the producer's loads of the first piece's
-        # length and page numbers behind it: H100 clock trace, MLA b=1 s_k 32768, the producer past
-        # setmaxnreg at 3.1 K cycles, the length read at 6.6 K, the page numbers at 8.9 K, tile 0's
-        # copies issued at 13.4 K, its first boxes landed at 15.8 K (Q landed at 7.9 K). Prepared in
-        # session 54, not yet measured on the device (none was lent after that trace): off until a
-        # same-process A/B (bench/ab_build.py --config q_after_tile=true) says where it pays; not
-        # for fp8 plans, whose first tile's conversion follows its copies (Q would wait for it too)
-        q_after_tile = False
-        # the producer's first page numbers are a DRAM round trip after its setmaxnreg; the walk's
-        # warp knows the piece ~1 K cycles before (H100 clock trace: walk done 2.2 K, producer past
-        # setmaxnreg 3.1 K). Prepared with q_after_tile, not yet measured: off
-        first_slots = False
+        # the CTA's start: the consumers' cp.async of a 64-row Q tile (4,608 16-byte copies a CTA,
+        # every CTA at once) queued the producer's loads of the first piece's length and page numbers
+        # behind it (H100 clock trace, MLA b=1 s_k 32768: tile 0's copies issued 13.4 K cycles from
+        # the CTA's begin). Two answers were measured and removed (same-process A/B, H100, bitwise
+        # equal): the consumers copying Q once the producer had issued its first tile's copies was
+        # slower (MLA b=1 1.041, b=8 1.016, b=128 s_q 1 s_k 4096 1.009; GLA-2 b=1 1.068), and the
+        # walk's warp prefetching the first two tiles' page numbers into L2 changed nothing (MLA b=1
+        # 0.995, b=8 0.997, s_k 4096 0.996)
         # the Q tile by TMA (FlashMLA's way): 9 copies by one thread for MLA's 64-row tile in place of
         # 4,608 cp.async, so that neither the producer's first loads (above) nor, at a part's
         # transition, its next copies queue behind Q's. Prepared in session 55, not yet measured
@@ -413,7 +403,7 @@ class HopperFamily(Family):
             bar_off = kv_off + stages * kv_tile
             # per stage: FULL per box, EMPTY early and late, FLAGS; then the three handoffs
             # between the consumer warp groups (mbarriers: an arrival releases, a wait acquires)
-            n_bars = stages * boxes + 3 * stages + HANDOFFS + (Q_GO if q_after_tile else 0)
+            n_bars = stages * boxes + 3 * stages + HANDOFFS
             flags_off = -(-(bar_off + n_bars * BARRIER_BYTES) // 16) * 16  # 16-byte loads of the words
             flags_pitch = TILE_N + 16
             rows_off = flags_off + stages * flags_pitch
@@ -615,13 +605,6 @@ class HopperFamily(Family):
              "not chosen: " + ("the stacked groups' split merge reuses the Q region" if not seesaw else
                                "the relay's producer sets the pace" if relay else
                                "a crossover CTA's producer stores into its peer")),
-            ("q_after_tile", "not chosen yet: the consumers would copy the CTA's first Q rows once the producer "
-             "has issued its first tile's copies (Q_GO); its length and page-number loads queued behind Q's 4,608 "
-             "copies (H100 clock trace, MLA b=1: first tile's copies at 13.4 K cycles from the CTA's begin, Q "
-             "landed at 7.9 K); prepared, not measured (`--config q_after_tile=true`)"),
-            ("first_slots", "not chosen yet: part mode's walk would prefetch the first piece's first two tiles' page "
-             "numbers (sparse: indices) into L2 before the roles part, ~1 K cycles before the producer asks for "
-             "them; prepared, not measured (`--config first_slots=true`)"),
             ("q_tma", "not chosen yet: the Q tile would go by TMA, a copy a 64-column box of "
              f"{q_tma_heads} heads x {q_tma_tokens} query token{'s' if q_tma_tokens > 1 else ''} issued by one thread "
              f"({key_boxes} copies in place of {tile_m * key_boxes * 8:,} cp.async of 16 bytes), so that the producer's "
@@ -675,7 +658,7 @@ class HopperFamily(Family):
             consumer_registers=wg0_regs, wg1_registers=wg1_regs, producer_registers=producer_regs,
             tma_rows=tma_rows, producer_fences=fences_in_producer(tma_rows=tma_rows, group_fence=group_fence,
                                                                   crossover=crossover),
-            spread_copies=one_page_tma and not seesaw, overlap=overlap, producer_q=producer_q, q_after_tile=q_after_tile, first_slots=first_slots,
+            spread_copies=one_page_tma and not seesaw, overlap=overlap, producer_q=producer_q,
             q_tma=q_tma, q_tma_heads=q_tma_heads, q_tma_tokens=q_tma_tokens,
             boxes=boxes, key_boxes=key_boxes, value_box=value_box, value_boxes=spec.d_v // BOX_COLS,
             out_boxes=out_cols // BOX_COLS, early_boxes=out_cols // BOX_COLS if seesaw else boxes,

@@ -21,7 +21,7 @@ struct Config {
   static constexpr int kTopK = 0;
   static constexpr int kDK = 576;
   static constexpr int kDV = 512;
-  static constexpr unsigned long long kScheduleKey = 5563938589643138714ULL;  // the plan's digest (lower.py Plan.schedule_key)
+  static constexpr unsigned long long kScheduleKey = 13443439062601558770ULL;  // the plan's digest (lower.py Plan.schedule_key)
 
   // cache layout
   static constexpr int kPageSize = 64;
@@ -83,8 +83,6 @@ struct Config {
   static constexpr bool kSpreadCopies = false;  // not chosen: thread 0 issues a one-page tile's copies (spread over the four warps, same-process A/B, H100: MLA b=128 s_q 1 0.999, s_q 2 1.004, b=8 1.003, b=1 1.020)
   static constexpr bool kOverlap = false;  // seesaw: the groups hand the tile to each other
   static constexpr bool kProducerQ = true;  // chosen: the producer copies a part's later pieces' Q rows as soon as the consumers are past the piece before's last S = Q K^T, so that they land under its last products and epilogue (a transition's Q load waited ~6.9 K cycles, H100 clock trace, session 53); the first piece's the consumers copy at once (by the producer, behind its start: b=1 1.065, session 47). Same-process A/B against producer_q=false, H100: MLA b=128 s_k 4096 0.987 (s_q 1) / 0.988 (s_q 2), s_k 8192 0.990 / 0.995, b=8 0.992, b=1 0.997
-  static constexpr bool kQAfterTile = false;  // not chosen yet: the consumers would copy the CTA's first Q rows once the producer has issued its first tile's copies (Q_GO); its length and page-number loads queued behind Q's 4,608 copies (H100 clock trace, MLA b=1: first tile's copies at 13.4 K cycles from the CTA's begin, Q landed at 7.9 K); prepared, not measured (`--config q_after_tile=true`)
-  static constexpr bool kFirstSlots = false;  // not chosen yet: part mode's walk would prefetch the first piece's first two tiles' page numbers (sparse: indices) into L2 before the roles part, ~1 K cycles before the producer asks for them; prepared, not measured (`--config first_slots=true`)
   static constexpr bool kQTma = false;  // not chosen yet: the Q tile would go by TMA, a copy a 64-column box of 64 heads x 1 query token issued by one thread (9 copies in place of 4,608 cp.async of 16 bytes), so that the producer's first loads and a transition's copies do not queue behind Q's; prepared, not measured (`--config q_tma=true`)
   static constexpr int kQTmaHeads = 64;  // q_tma's box: 64 heads of the group by 1 query token (q_tma_tokens)
   static constexpr int kQTmaTokens = 1;

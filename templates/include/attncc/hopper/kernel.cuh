@@ -195,18 +195,6 @@ __device__ __forceinline__ TmaTile<Cfg> tma_tile(const AttnccArgs& a, const Slot
   return tm;
 }
 
-// q_after_tile (the plan's kQAfterTile): the consumers copy their first piece's Q rows only once
-// the producer's thread 0 has issued the CTA's first tile's copies (or found its first piece
-// without tiles), Q_GO's one phase. At the CTA's start their 4,608 cp.async of a 64-row Q tile
-// (every CTA at once) held the producer's loads of the piece's length and page numbers behind
-// them: tile 0's copies went out ~10 K cycles after setmaxnreg (H100 clock trace, MLA b = 1,
-// bench/RESULTS.md session 54). The arrival waits for nothing the consumers do: it cannot deadlock.
-// (Prepared, not yet measured on the device: the lowering leaves it off, hopper.py.)
-template <class Cfg>
-__device__ __forceinline__ void open_q(uint32_t sbase, int p, const Progress<Cfg::kStages>& pr) {
-  if (Cfg::kQAfterTile && p == 0 && pr.pieces == 0) mbarrier_arrive(HopperTraits<Cfg>::q_go(sbase));
-}
-
 // The producer's part of a piece, in the order the consumers release the stages. Seesaw: its
 // tiles in pairs, each pair's a then b (seesaw.cuh: a's stage is free after the pair's first
 // products), up to kSets pairs ahead of the consumers. Stacked: tile k of the stream into stage
@@ -241,7 +229,6 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const MapsOf<Cfg>& 
       // the next pair's loads issued before
       ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && opaque(ta.token) != -2, kTraceStart, 0, 6);
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, ta, w.head, sbase, smem, sa, p, pr.parity(sa) ^ 1, 2 * pr.pairs, ahead);
-      if (it == 0) open_q<Cfg>(sbase, p, pr);
       if (has_b) produce_tile<Cfg>(a, maps, ss, w.tile_begin + it + 1, tb, w.head, sbase, smem, sb, p, pr.parity(sb) ^ 1, 2 * pr.pairs + 1, ahead);
       if (q_after && it == 0) produce_q<Cfg>(a, maps, w, sbase, p, pr.pieces);  // two sets: after the first pair
       pr.used(sa);
@@ -257,24 +244,20 @@ __device__ __forceinline__ void produce(const AttnccArgs& a, const MapsOf<Cfg>& 
       next = tma_tile<Cfg>(a, ss, w.tile_begin + it + 1, it + 1 < pt.n_iter);
       ATTNCC_TRACE(p == 0 && pr.pieces == 0 && it == 0 && opaque(tm.token) != -2, kTraceStart, 0, 6);  // (as the seesaw's)
       produce_tile<Cfg>(a, maps, ss, w.tile_begin + it, tm, w.head, sbase, smem, st, p, pr.parity(st) ^ 1, pr.tiles, ahead);
-      if (it == 0) open_q<Cfg>(sbase, p, pr);
       pr.used(st);
     }
   }
-  if (pt.n_iter == 0) open_q<Cfg>(sbase, p, pr);  // a first piece without tiles
   ++pr.pieces;
 }
 
 // The consumers' Q tile of piece `piece` (the CTA's count), landed in shared memory for this
 // thread (the caller fences and meets the other consumers): by TMA (q_tma: the consumers' first
 // thread issues it, or the producer for a later piece with producer_q), from the producer's
-// copies (producer_q, a later piece), or copied here by cp.async (q_after_tile: the first piece's
-// once the producer has issued its first tile's copies).
+// copies (producer_q, a later piece), or copied here by cp.async.
 template <class Cfg>
 __device__ __forceinline__ void take_q(const AttnccArgs& a, const MapsOf<Cfg>& maps, const CtaWork<Cfg>& w, uint32_t sbase, int ct,
                                        int piece) {
   if constexpr (Cfg::kQTma) {
-    static_assert(!Cfg::kQAfterTile, "q_tma: the consumers' first Q copies queue nothing behind them");
     if (!Cfg::kProducerQ || piece == 0) {  // else the producer's (produce_q)
       if (piece > 0) {  // every consumer past the piece before's reads of the Q region, before the copies overwrite it
         fence_async_shared();
@@ -286,7 +269,6 @@ __device__ __forceinline__ void take_q(const AttnccArgs& a, const MapsOf<Cfg>& m
   } else if (Cfg::kProducerQ && piece > 0) {
     mbarrier_wait(HopperTraits<Cfg>::q_full(sbase), (piece - 1) & 1);  // the producer's copies (produce_q)
   } else {
-    if (Cfg::kQAfterTile && piece == 0) mbarrier_wait(HopperTraits<Cfg>::q_go(sbase), 0);  // open_q
     copy_q<Cfg>(a, w, sbase, ct, 2 * kGroupThreads);
     cp_async_commit();
     cp_async_wait<0>();
@@ -352,7 +334,6 @@ __device__ __forceinline__ void init_barriers(uint32_t sbase) {
   for (uint32_t bar : {T::max_a(sbase), T::p_b(sbase), T::p_a(sbase)}) mbarrier_init(bar, kGroupThreads);
   mbarrier_init(T::q_full(sbase), Cfg::kQTma ? 1 : kGroupThreads);  // q_tma: one arrival with the tile's bytes
   mbarrier_init(T::q_empty(sbase), 2 * kGroupThreads);
-  if constexpr (Cfg::kQAfterTile) mbarrier_init(T::q_go(sbase), 1);
   fence_mbarrier_init();
 }
 
@@ -428,26 +409,6 @@ __device__ __forceinline__ void walk_pieces(const AttnccArgs& args, unsigned cha
   }
 }
 
-// first_slots (the plan's kFirstSlots): the walk's warp, once it knows the part's first piece,
-// prefetches into L2 the lines of that piece's first two tiles' page numbers (sparse: indices),
-// clamped to the sequence's slots, ~1 K cycles before the producer (past cta_sync and setmaxnreg)
-// loads them: a DRAM round trip on the way to the CTA's first copies. Lane i the i-th line.
-// (Prepared, not yet measured on the device: the lowering leaves it off, hopper.py.)
-template <class Cfg>
-__device__ __forceinline__ void prefetch_first_slots(const AttnccArgs& a, const PartWalk& pw, int lane) {
-  if (!Cfg::kFirstSlots || !walk_has_piece<Cfg>(a, pw)) return;
-  const Piece pc = walk_piece<Cfg>(a, pw);
-  bool bad;
-  const int kv_len = CtaWork<Cfg>::kv_len(a, pc.seq, bad);
-  const int from = pc.tile_begin * Cfg::kTileN, to = min(min(pc.tile_end, pc.tile_begin + 2) * Cfg::kTileN, kv_len);
-  if (to <= from) return;
-  const int* row = slot_row<Cfg>(a, pc.seq, pc.seq);  // (dense: the sequence is the batch entry)
-  const char* lo = reinterpret_cast<const char*>(row + slot_index<Cfg>(from));
-  const char* hi = reinterpret_cast<const char*>(row + slot_index<Cfg>(to - 1));
-  const long long line = (reinterpret_cast<unsigned long long>(lo) & ~127ull) - reinterpret_cast<unsigned long long>(lo) + 128ll * lane;
-  if (lo + line <= hi) prefetch_l2_at(lo, line);
-}
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __grid_constant__ AttnccArgs args,
                                                                         const __grid_constant__ MapsOf<Cfg> maps) {
@@ -461,7 +422,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_parts_kernel(const __
     bool whole;
     const PartWalk pw = start_part_walk<Cfg>(args, blockIdx.x / W::lanes(args.s_q), threadIdx.x, whole);
     if (threadIdx.x == 0) stash(smem + Cfg::kWalkCOff, pw), stash(smem + Cfg::kWalkPOff, pw), stash_ints(smem + Cfg::kWholeOff, whole ? 1 : 0);
-    prefetch_first_slots<Cfg>(args, pw, threadIdx.x);
   }
   ATTNCC_TRACE(threadIdx.x == 0, kTraceStart, 0, 1);
   cta_sync<Cfg>();

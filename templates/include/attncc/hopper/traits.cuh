@@ -193,12 +193,10 @@ struct HopperTraits {
   // the consumers past the last S = Q K^T of the piece before (both groups' 256 threads)
   __device__ static uint32_t q_full(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 3); }
   __device__ static uint32_t q_empty(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 4); }
-  // q_after_tile (kernel.cuh): the producer has issued the CTA's first tile's copies (its thread 0, once)
-  __device__ static uint32_t q_go(uint32_t base) { return base + kBarOff + 8 * (kHandoffs + 5); }
   // crossover (a 2-CTA cluster, produce.cuh): no barrier of its own (EMPTY counts both CTAs' consumers)
   static constexpr bool kCrossover = Cfg::kCrossover;
   static constexpr int kClusterCtas = kCrossover ? 2 : 1;  // a cluster: the pair of row blocks
-  static constexpr int kNumBarriers = kHandoffs + 5 + (Cfg::kQAfterTile ? 1 : 0);  // (Q_GO: hopper.py's layout has it only with the knob)
+  static constexpr int kNumBarriers = kHandoffs + 5;
 
   static_assert(Cfg::kElem == Dtype::kBF16, "bf16 records (wgmma .bf16)");
   static_assert(Cfg::kTmaRows == 0 ||
