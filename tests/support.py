@@ -169,7 +169,7 @@ CHOICES = [
     *[(name, "producer_fences=false") for name in ("sparse_fp8_h128", "mla_fp8_per32_page16", "gla_fp8_e5m2")],
     # producer_q=false where taken: the consumers load each piece's Q themselves (TMA and cp.async seesaw)
     ("mla", "producer_q=false"), ("mla_page1_h128", "producer_q=false"),
-    # q_tma, prepared (session 55) and not yet measured: the Q tile by TMA on every consumer form
+    # q_tma, off (measured ~1 % either way, session 56): the Q tile by TMA on every consumer form
     # (seesaw by TMA and by cp.async with its value-first form, both with producer_q's later pieces;
     # stacked of 64 heads x 2 tokens and of 128 heads; the sparse relay; crossover's clusters)
     *[(name, "q_tma=true") for name in ("mla", "mla_page1_h128", "gla2", "mqa256_h128", "sparse_fp8_h128",

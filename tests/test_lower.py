@@ -1298,9 +1298,9 @@ def test_producer_q_on_the_plain_seesaw_only():
     assert re.search(r"^\s+producer_q\s+False\s+not chosen: the stacked groups' split merge", stacked.explain(), re.M)
 
 
-def test_q_tma_prepared_off():
-    """q_tma (session 55): prepared, not yet measured, so the lowering leaves it off and explain says
-    so, with the box it would copy; the box is the CTA's rows of q seen as (column, head of the group,
+def test_q_tma_off_with_its_box():
+    """q_tma (session 55): measured ~1 % either way (session 56), so the lowering leaves it off and
+    explain says so with the figures and the box it would copy; the box is the CTA's rows of q seen as (column, head of the group,
     kv head, query token, batch): tile_m heads of one token where the group is a multiple of tile_m
     (MLA's 64 of 128; sparse: one token's heads), whole groups of tokens where tile_m is a multiple of
     the group (GLA-2's 128 rows: 64 heads x 2 tokens), none otherwise (a group of 96). Forced on
@@ -1313,8 +1313,9 @@ def test_q_tma_prepared_off():
         assert not c.q_tma and (c.q_tma_heads, c.q_tma_tokens) == (heads, tokens)
         if heads:
             assert heads * tokens == c.tile_m
-            assert re.search(rf"^\s+q_tma\s+False\s+not chosen yet: the Q tile would go by TMA, a copy a 64-column box of "
+            assert re.search(rf"^\s+q_tma\s+False\s+not chosen: the Q tile would go by TMA, a copy a 64-column box of "
                              rf"{heads} heads x {tokens} query token", k.explain(), re.M)
+            assert "measured slower where the cache tiles go by TMA" in k.explain()
         else:
             assert re.search(r"^\s+q_tma\s+False\s+not applicable: a CTA's 128 rows are not one box of q \(a group of 96",
                              k.explain(), re.M)

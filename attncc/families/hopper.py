@@ -392,8 +392,11 @@ class HopperFamily(Family):
         # 0.995, b=8 0.997, s_k 4096 0.996)
         # the Q tile by TMA (FlashMLA's way): 9 copies by one thread for MLA's 64-row tile in place of
         # 4,608 cp.async, so that neither the producer's first loads (above) nor, at a part's
-        # transition, its next copies queue behind Q's. Prepared in session 55, not yet measured
-        # (no device was lent): off until a same-process A/B (--config q_tma=true) says where it pays
+        # transition, its next copies queue behind Q's. Measured (same-process A/B against cp.async,
+        # H100, bitwise equal): slower where the cache tiles go by TMA at b = 128 (MLA s_k 4096 s_q 1
+        # 1.016, s_q 2 1.010; s_k 8192 1.015 / 1.005; h_q 64 1.008; GLA-2 s_q 2 1.004) and GLA-2 b=1
+        # (1.022), faster at MLA b=1 (0.986), page 1 (0.990) and sparse fp8 (0.995), even at b=8
+        # (1.009): off. Its CTA start was 4.3 K cycles shorter (b=1 clock trace) and the call ~1 %.
         q_tma_heads, q_tma_tokens = self._q_box(spec, tile_m)
         q_tma = False
 
@@ -605,11 +608,12 @@ class HopperFamily(Family):
              "not chosen: " + ("the stacked groups' split merge reuses the Q region" if not seesaw else
                                "the relay's producer sets the pace" if relay else
                                "a crossover CTA's producer stores into its peer")),
-            ("q_tma", "not chosen yet: the Q tile would go by TMA, a copy a 64-column box of "
+            ("q_tma", "not chosen: the Q tile would go by TMA, a copy a 64-column box of "
              f"{q_tma_heads} heads x {q_tma_tokens} query token{'s' if q_tma_tokens > 1 else ''} issued by one thread "
              f"({key_boxes} copies in place of {tile_m * key_boxes * 8:,} cp.async of 16 bytes), so that the producer's "
-             "first loads and a transition's copies do not queue behind Q's; prepared, not measured "
-             "(`--config q_tma=true`)" if q_tma_heads else
+             "first loads and a transition's copies do not queue behind Q's; measured slower where the cache tiles "
+             "go by TMA (same-process A/B, H100: MLA b=128 s_k 4096 1.016, s_k 8192 1.015; GLA-2 b=1 1.022), "
+             "~1 % faster at MLA b=1 (0.986), page 1 (0.990), sparse fp8 (0.995) (`--config q_tma=true`)" if q_tma_heads else
              f"not applicable: a CTA's {tile_m} rows are not one box of q (a group of {spec.group} query heads"
              + (", sparse: one query token's heads" if spec.sparse else "") + ")"),
             ("q_tma_heads", f"q_tma's box: {q_tma_heads} heads of the group by {q_tma_tokens} query "

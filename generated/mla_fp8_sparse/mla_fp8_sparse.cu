@@ -83,7 +83,7 @@ struct Config {
   static constexpr bool kSpreadCopies = false;  // no one-page TMA tile
   static constexpr bool kOverlap = false;  // seesaw: the groups hand the tile to each other
   static constexpr bool kProducerQ = false;  // not chosen: a crossover CTA's producer stores into its peer
-  static constexpr bool kQTma = false;  // not chosen yet: the Q tile would go by TMA, a copy a 64-column box of 64 heads x 1 query token issued by one thread (9 copies in place of 4,608 cp.async of 16 bytes), so that the producer's first loads and a transition's copies do not queue behind Q's; prepared, not measured (`--config q_tma=true`)
+  static constexpr bool kQTma = false;  // not chosen: the Q tile would go by TMA, a copy a 64-column box of 64 heads x 1 query token issued by one thread (9 copies in place of 4,608 cp.async of 16 bytes), so that the producer's first loads and a transition's copies do not queue behind Q's; measured slower where the cache tiles go by TMA (same-process A/B, H100: MLA b=128 s_k 4096 1.016, s_k 8192 1.015; GLA-2 b=1 1.022), ~1 % faster at MLA b=1 (0.986), page 1 (0.990), sparse fp8 (0.995) (`--config q_tma=true`)
   static constexpr int kQTmaHeads = 64;  // q_tma's box: 64 heads of the group by 1 query token (q_tma_tokens)
   static constexpr int kQTmaTokens = 1;
   static constexpr int kBoxes = 9;
