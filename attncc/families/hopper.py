@@ -388,8 +388,8 @@ class HopperFamily(Family):
         # the CTA's begin). Two answers were measured and removed (same-process A/B, H100, bitwise
         # equal): the consumers copying Q once the producer had issued its first tile's copies was
         # slower (MLA b=1 1.041, b=8 1.016, b=128 s_q 1 s_k 4096 1.009; GLA-2 b=1 1.068), and the
-        # walk's warp prefetching the first two tiles' page numbers into L2 changed nothing (MLA b=1
-        # 0.995, b=8 0.997, s_k 4096 0.996)
+        # walk's warp prefetching the first two tiles' page numbers into L2 changed nothing (measured
+        # on top of q_tma: MLA b=1 0.995, b=8 0.997, s_k 4096 0.996)
         # the Q tile by TMA (FlashMLA's way): 9 copies by one thread for MLA's 64-row tile in place of
         # 4,608 cp.async, so that neither the producer's first loads (above) nor, at a part's
         # transition, its next copies queue behind Q's. Measured (same-process A/B against cp.async,
