@@ -395,8 +395,9 @@ class HopperFamily(Family):
         # transition, its next copies queue behind Q's. Measured (same-process A/B against cp.async,
         # H100, bitwise equal): slower where the cache tiles go by TMA at b = 128 (MLA s_k 4096 s_q 1
         # 1.016, s_q 2 1.010; s_k 8192 1.015 / 1.005; h_q 64 1.008; GLA-2 s_q 2 1.004) and GLA-2 b=1
-        # (1.022), faster at MLA b=1 (0.986), page 1 (0.990) and sparse fp8 (0.995), even at b=8
-        # (1.009): off. Its CTA start was 4.3 K cycles shorter (b=1 clock trace) and the call ~1 %.
+        # (1.022), faster at MLA b=1 (0.986), page 1 (0.990) and sparse fp8 (0.995), about even at
+        # b=8 (1.009): off. At b=1 the first S's boxes landed 1.4 K cycles sooner and CTA 7 ended
+        # 4.3 K sooner (clock trace), the call 1.4 %.
         q_tma_heads, q_tma_tokens = self._q_box(spec, tile_m)
         q_tma = False
 
