@@ -1300,11 +1300,11 @@ def test_producer_q_on_the_plain_seesaw_only():
 
 def test_q_tma_off_with_its_box():
     """q_tma (session 55): measured ~1 % either way (session 56), so the lowering leaves it off and
-    explain says so with the figures and the box it would copy; the box is the CTA's rows of q seen as (column, head of the group,
-    kv head, query token, batch): tile_m heads of one token where the group is a multiple of tile_m
-    (MLA's 64 of 128; sparse: one token's heads), whole groups of tokens where tile_m is a multiple of
-    the group (GLA-2's 128 rows: 64 heads x 2 tokens), none otherwise (a group of 96). Forced on
-    (with_config), the kernel gets the knob and the box."""
+    explain says so with the figures and the box it would copy; the box is the CTA's rows of q seen
+    as (column, head of the group, kv head, query token, batch): tile_m heads of one token where the
+    group is a multiple of tile_m (MLA's 64 of 128; sparse: one token's heads), whole groups of
+    tokens where tile_m is a multiple of the group (GLA-2's 128 rows: 64 heads x 2 tokens), none
+    otherwise (a group of 96). Forced on (with_config), the kernel gets the knob and the box."""
     cases = [(mla(heads=128), 64, 1), (mla(heads=64, page=1), 64, 1), ((REPO / "examples" / "gla2.attn").read_text(), 64, 2),
              (EXTRA["sparse_fp8_h128"], 64, 1), (EXTRA["mqa256_h128"], 128, 1), (EXTRA["gla_g96"], 0, 0)]
     for spec, heads, tokens in cases:
